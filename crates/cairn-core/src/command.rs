@@ -1,0 +1,213 @@
+//! The replicated commands and their outcomes.
+//!
+//! Every state change is a [`Command`] that goes through the Raft log and is applied in log
+//! order by every replica. Commands carry everything needed to apply them deterministically:
+//! validated events with their tags, hashed passwords, the leader's clock.
+
+use serde::{Deserialize, Serialize};
+
+use crate::auth::UserRecord;
+use crate::boundary::{BoundaryInfo, Placement};
+use crate::event::NewEvent;
+use crate::{Error, Observation, Position};
+
+/// One value type of an index field (wire `ValueType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ValueType {
+    /// Text.
+    Text,
+    /// Number.
+    Numeric,
+    /// Boolean.
+    Boolean,
+    /// Timestamp with time zone.
+    Timestamptz,
+}
+
+/// One indexed key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexField {
+    /// Top-level data key.
+    pub json_key: String,
+    /// Declared type.
+    pub value_type: ValueType,
+}
+
+/// A partial-index condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexCondition {
+    /// Top-level data key.
+    pub key: String,
+    /// One of `= > < >= <=`.
+    pub operator: String,
+    /// Comparison value.
+    pub value: String,
+}
+
+/// How conditions combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Combinator {
+    /// All.
+    And,
+    /// Any.
+    Or,
+}
+
+/// A recorded index (I1). Cairn serves every scalar key from its tag index already (X2), so
+/// a definition changes nothing but what ListIndexes reports (I2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexDefinition {
+    /// Name (identifier).
+    pub name: String,
+    /// Keys.
+    pub fields: Vec<IndexField>,
+    /// Conditions.
+    pub conditions: Vec<IndexCondition>,
+    /// Combinator.
+    pub combinator: Combinator,
+}
+
+/// Operators allowed in index conditions (I1).
+pub const INDEX_OPERATORS: [&str; 5] = ["=", ">", "<", ">=", "<="];
+
+impl IndexDefinition {
+    /// Validates a definition (I1).
+    pub fn validate(&self) -> Result<(), Error> {
+        crate::boundary::validate_identifier(&self.name, "index name")?;
+        if self.fields.is_empty() {
+            return Err(Error::invalid("index needs at least one field"));
+        }
+        if let Some(i) = self.fields.iter().position(|f| f.json_key.is_empty()) {
+            return Err(Error::invalid(format!("index field {i}: json_key is empty")));
+        }
+        for (i, c) in self.conditions.iter().enumerate() {
+            if c.key.is_empty() {
+                return Err(Error::invalid(format!("index condition {i}: key is empty")));
+            }
+            if !INDEX_OPERATORS.contains(&c.operator.as_str()) {
+                return Err(Error::invalid(format!(
+                    "index condition {i}: operator {:?} is invalid: use one of = > < >= <=",
+                    c.operator
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Append events if every observation still holds (C2, C3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Append {
+    /// Target boundary name.
+    pub boundary: String,
+    /// Normalised observations; empty = unconditional.
+    pub observations: Vec<Observation>,
+    /// Validated events.
+    pub events: Vec<NewEvent>,
+    /// Leader's clock, ns since the Unix epoch (becomes `date_created`).
+    pub at_unix_nanos: i64,
+}
+
+/// A state change, applied in Raft log order by every replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Conditional or unconditional append.
+    Append(Append),
+    /// Create a boundary.
+    CreateBoundary {
+        /// Name (validated).
+        name: String,
+        /// Free text.
+        description: String,
+        /// Placement as given.
+        placement: Option<Placement>,
+        /// As given.
+        existed_before_catalog: bool,
+        /// X1 opt-in.
+        idempotent_event_ids: bool,
+        /// Start-up declaration: an existing boundary is fine (B4), not ALREADY_EXISTS.
+        if_absent: bool,
+    },
+    /// Record an index.
+    CreateIndex {
+        /// Boundary name.
+        boundary: String,
+        /// Validated definition.
+        index: IndexDefinition,
+    },
+    /// Forget an index.
+    DropIndex {
+        /// Boundary name.
+        boundary: String,
+        /// Index name.
+        name: String,
+    },
+    /// Create a user.
+    CreateUser {
+        /// The new user with hashed password.
+        user: UserRecord,
+        /// Bootstrap: an existing username is fine, not ALREADY_EXISTS.
+        if_absent: bool,
+    },
+    /// Delete a user.
+    DeleteUser {
+        /// Id of the user.
+        user_id: String,
+    },
+    /// Replace a user's password hash; bumps the credential generation (revokes tokens).
+    SetPassword {
+        /// Id of the user.
+        user_id: String,
+        /// New PHC hash.
+        password_hash: String,
+        /// Leader's clock.
+        at_unix_nanos: i64,
+    },
+    /// Take or renew the exclusive subscription lease (S1).
+    AcquireLease {
+        /// Boundary name.
+        boundary: String,
+        /// Subscriber name.
+        subscriber: String,
+        /// Unique id of the holding stream.
+        holder: String,
+        /// Leader's clock.
+        at_unix_nanos: i64,
+        /// Lease length.
+        ttl_nanos: i64,
+    },
+    /// Give a lease back (no-op when held by someone else).
+    ReleaseLease {
+        /// Boundary name.
+        boundary: String,
+        /// Subscriber name.
+        subscriber: String,
+        /// Id of the stream giving it back.
+        holder: String,
+    },
+    /// Install the cluster-wide session-token key once (first start).
+    InitTokenKey {
+        /// Random key; ignored when one exists.
+        key: Vec<u8>,
+    },
+}
+
+/// What applying a command produced, when it succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Applied {
+    /// Events appended; the position of the last one.
+    Appended {
+        /// Position of the write's last event.
+        last: Position,
+    },
+    /// The boundary as it now is.
+    Boundary(BoundaryInfo),
+    /// The user as it now is.
+    User(UserRecord),
+    /// Nothing to report.
+    Done,
+}
+
+/// Result of applying a command; errors are deterministic outcomes (conflicts, duplicates),
+/// identical on every replica.
+pub type Outcome = Result<Applied, Error>;

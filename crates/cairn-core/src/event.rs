@@ -1,0 +1,173 @@
+//! Events as submitted (validated, canonical) and as stored (E1–E3, P2).
+
+use serde::{Deserialize, Serialize};
+
+use crate::json::{EVENT_TYPE_KEY, parse_object, scalars, to_text};
+use crate::limits::{MAX_EVENT_ID_BYTES, MAX_EVENT_TYPE_BYTES, MAX_EVENTS_PER_WRITE};
+use crate::{Error, Position, Tag};
+
+/// An event exactly as a client sent it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RawEvent {
+    /// Client-chosen id.
+    pub event_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// JSON object text (or empty / `null`).
+    pub data: String,
+    /// JSON object text (or empty / `null`).
+    pub metadata: String,
+}
+
+/// A validated event ready to append.
+///
+/// Validation and tag extraction happen once, on the node that received the request; the
+/// replicated command carries the result so that applying it needs no JSON parsing and every
+/// replica derives the same tags.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewEvent {
+    /// Client-chosen id.
+    pub event_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Compact JSON object text without the canonical `eventType` key.
+    pub data: String,
+    /// Compact JSON object text.
+    pub metadata: String,
+    /// Every top-level scalar of the data plus `eventType`, sorted by key (X2).
+    pub tags: Vec<Tag>,
+}
+
+impl NewEvent {
+    /// Validates one event (E1–E3); `index` names it in error messages.
+    pub fn validate(raw: RawEvent, index: usize) -> Result<NewEvent, Error> {
+        if raw.event_id.is_empty() {
+            return Err(Error::invalid(format!("event {index}: event_id is empty")));
+        }
+        if raw.event_id.len() > MAX_EVENT_ID_BYTES {
+            return Err(Error::invalid(format!(
+                "event {index}: event_id is longer than {MAX_EVENT_ID_BYTES} bytes"
+            )));
+        }
+        if raw.event_type.is_empty() {
+            return Err(Error::invalid(format!("event {index}: event_type is empty")));
+        }
+        if raw.event_type.len() > MAX_EVENT_TYPE_BYTES {
+            return Err(Error::invalid(format!(
+                "event {index}: event_type is longer than {MAX_EVENT_TYPE_BYTES} bytes"
+            )));
+        }
+        if raw.event_type.contains('\0') {
+            return Err(Error::invalid(format!(
+                "event {index}: event_type contains a NUL character"
+            )));
+        }
+        let mut data = parse_object(&raw.data, &|| format!("event {index} data"))?;
+        let metadata = parse_object(&raw.metadata, &|| format!("event {index} metadata"))?;
+        // E3: the request's event_type overwrites an application key of the same name; the
+        // returned data omits it, so it is simply not kept in the stored text.
+        data.shift_remove(EVENT_TYPE_KEY);
+        let tags = scalars(&data, &raw.event_type)
+            .into_iter()
+            .map(|(key, value)| Tag { key, value })
+            .collect();
+        Ok(NewEvent {
+            event_id: raw.event_id,
+            event_type: raw.event_type,
+            data: to_text(&data),
+            metadata: to_text(&metadata),
+            tags,
+        })
+    }
+}
+
+/// Validates the events of one write (E1).
+pub fn validate_events(raw: Vec<RawEvent>) -> Result<Vec<NewEvent>, Error> {
+    if raw.is_empty() {
+        return Err(Error::invalid("events is empty: a write needs at least one event"));
+    }
+    if raw.len() > MAX_EVENTS_PER_WRITE {
+        return Err(Error::invalid(format!(
+            "write has {} events; the limit is {MAX_EVENTS_PER_WRITE}",
+            raw.len()
+        )));
+    }
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, e)| NewEvent::validate(e, i))
+        .collect()
+}
+
+/// A committed event as read back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredEvent {
+    /// Where it sits.
+    pub position: Position,
+    /// Client-chosen id.
+    pub event_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Compact JSON object text without `eventType`.
+    pub data: String,
+    /// Compact JSON object text.
+    pub metadata: String,
+    /// Leader's clock when the write was accepted, nanoseconds since the Unix epoch.
+    pub created_unix_nanos: i64,
+}
+
+impl StoredEvent {
+    /// `"<commit>:<prepare>"` of the last event of this event's write (P2): the write's
+    /// commit is its last prepare + 1.
+    pub fn write_id(&self) -> String {
+        Position::new(self.position.commit, self.position.commit - 1).write_id()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(id: &str, ty: &str, data: &str) -> RawEvent {
+        RawEvent {
+            event_id: id.into(),
+            event_type: ty.into(),
+            data: data.into(),
+            metadata: String::new(),
+        }
+    }
+
+    #[test]
+    fn e1_required_fields() {
+        assert!(validate_events(vec![]).is_err());
+        assert!(validate_events(vec![raw("", "T", "")]).is_err());
+        let err = validate_events(vec![raw("a", "T", ""), raw("b", "", "")]).expect_err("type");
+        assert_eq!(err.to_string(), "event 1: event_type is empty");
+    }
+
+    #[test]
+    fn e2_e3_data_is_canonical() {
+        let e = NewEvent::validate(raw("a", "Opened", r#"{"eventType":"X","n":1}"#), 0)
+            .expect("valid");
+        assert_eq!(e.data, r#"{"n":1}"#);
+        assert_eq!(e.metadata, "{}");
+        assert_eq!(
+            e.tags,
+            vec![Tag::new("eventType", "Opened"), Tag::new("n", "1")]
+        );
+        let err = NewEvent::validate(raw("a", "T", "[]"), 4).expect_err("array");
+        assert!(err.to_string().starts_with("event 4 data"), "{err}");
+    }
+
+    #[test]
+    fn write_id_of_an_event() {
+        let e = StoredEvent {
+            position: Position::new(3, 1),
+            event_id: "x".into(),
+            event_type: "T".into(),
+            data: "{}".into(),
+            metadata: "{}".into(),
+            created_unix_nanos: 0,
+        };
+        assert_eq!(e.write_id(), "3:2");
+    }
+}

@@ -1,0 +1,29 @@
+//! Every server-side limit, in one place, so docs and enforcement cannot drift apart.
+
+/// Maximum consistency observations in one write (C1).
+pub const MAX_OBSERVATIONS: usize = 1024;
+/// Maximum criteria in one write's observations, or in one read query (C1).
+pub const MAX_CRITERIA: usize = 4096;
+/// Maximum tags across all criteria of one write's observations, or of one read query (C1).
+pub const MAX_TAGS: usize = 16384;
+/// Maximum events in one write. Bounds the size of a single Raft entry and apply batch.
+pub const MAX_EVENTS_PER_WRITE: usize = 10_000;
+/// Maximum page size of GetEvents (G1).
+pub const MAX_READ_COUNT: u32 = 10_000;
+/// Maximum length in bytes of an event id.
+pub const MAX_EVENT_ID_BYTES: usize = 1024;
+/// Maximum length in bytes of an event type.
+pub const MAX_EVENT_TYPE_BYTES: usize = 1024;
+/// Maximum nesting depth of event data/metadata JSON (serde_json's own recursion limit).
+pub const MAX_JSON_DEPTH: usize = 128;
+/// Maximum length of a boundary or index name (B1).
+pub const MAX_NAME_LEN: usize = 63;
+/// Numbers whose plain decimal expansion would exceed this many characters are indexed by
+/// their literal text instead (keeps `1e999999` from allocating a megabyte per tag).
+pub const MAX_NUMBER_EXPANSION: usize = 1024;
+/// Maximum criteria in one GetLatestByCriteria request.
+pub const MAX_LATEST_CRITERIA: usize = MAX_CRITERIA;
+/// Maximum length of a username or a display name.
+pub const MAX_USERNAME_BYTES: usize = 256;
+/// Maximum length of a password (argon2 input).
+pub const MAX_PASSWORD_BYTES: usize = 1024;

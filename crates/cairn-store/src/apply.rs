@@ -1,0 +1,386 @@
+//! Applying replicated commands: the deterministic heart of the store.
+
+use cairn_core::boundary::{BoundaryInfo, BoundaryStatus};
+use cairn_core::command::{Append, Applied, Command, Outcome};
+use cairn_core::{Error, Position};
+use rocksdb::{WriteBatch, WriteOptions};
+
+use crate::catalog::{Catalog, Lease, encode_json};
+use crate::keys::{self, meta};
+use crate::{CF_EVENTS, CF_SM_META, CF_TAGS, CF_WRITES, Store, StoreError};
+
+/// Catalog changes to publish once the batch holding them is durable in RocksDB.
+type CatalogUpdate = Box<dyn FnOnce(&mut Catalog) + Send>;
+
+impl Store {
+    /// Applies one committed command and records `marker` (the Raft layer's applied state)
+    /// in the same atomic batch. Must be called in log order by a single writer.
+    ///
+    /// The returned [`Outcome`] is the deterministic domain result (e.g. a CCC conflict);
+    /// `Err` means storage failed and the node must stop applying.
+    pub fn apply(&self, command: &Command, marker: &[u8]) -> Result<Outcome, StoreError> {
+        let _writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut batch = WriteBatch::default();
+        let (outcome, update) = match self.plan(command, &mut batch) {
+            Ok(planned) => planned,
+            Err(Planned::Rejected(e)) => (Err(e), None),
+            Err(Planned::Storage(e)) => return Err(e),
+        };
+        batch.put_cf(self.cf(CF_SM_META)?, meta::APPLIED, marker);
+        self.write(batch)?;
+        self.with_catalog_mut(|c| {
+            c.applied_marker = Some(marker.to_vec());
+            if let Some(update) = update {
+                update(c);
+            }
+        });
+        Ok(outcome)
+    }
+
+    /// Records `marker` for an entry that carries no command (blank, membership).
+    pub fn apply_marker(&self, marker: &[u8]) -> Result<(), StoreError> {
+        let _writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_SM_META)?, meta::APPLIED, marker);
+        self.write(batch)?;
+        self.with_catalog_mut(|c| c.applied_marker = Some(marker.to_vec()));
+        Ok(())
+    }
+
+    fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        // No fsync: the Raft log entry this batch applies is already durable, and the
+        // applied marker travels in the same batch, so after a crash the log replays exactly
+        // what the state machine lost.
+        let mut opts = WriteOptions::default();
+        opts.set_sync(false);
+        self.inner.db.write_opt(batch, &opts)?;
+        Ok(())
+    }
+
+    fn plan(
+        &self,
+        command: &Command,
+        batch: &mut WriteBatch,
+    ) -> Result<(Outcome, Option<CatalogUpdate>), Planned> {
+        match command {
+            Command::Append(append) => self.plan_append(append, batch),
+            Command::CreateBoundary {
+                name,
+                description,
+                placement,
+                existed_before_catalog,
+                idempotent_event_ids,
+                if_absent,
+            } => {
+                if let Some(existing) = self.with_catalog(|c| c.boundaries.get(name).cloned()) {
+                    return if *if_absent {
+                        Ok((Ok(Applied::Boundary(existing)), None))
+                    } else {
+                        Err(Planned::Rejected(Error::AlreadyExists(format!(
+                            "boundary \"{name}\" already exists"
+                        ))))
+                    };
+                }
+                let (seq, id) = self.with_catalog(|c| (c.catalog_seq, c.next_boundary_id));
+                // Boundaries are ACTIVE as soon as their creation is applied: there is
+                // nothing to provision beyond the catalog row. The catalog sequence gives
+                // them stable positions, shaped like event positions (commit = prepare + 1).
+                let position = Position::new(seq + 1, seq);
+                let info = BoundaryInfo {
+                    id,
+                    name: name.clone(),
+                    description: description.clone(),
+                    placement: placement.clone(),
+                    status: BoundaryStatus::Active,
+                    existed_before_catalog: *existed_before_catalog,
+                    last_error: String::new(),
+                    definition_position: position,
+                    status_position: position,
+                    idempotent_event_ids: *idempotent_event_ids,
+                };
+                let meta_cf = self.cf(CF_SM_META)?;
+                batch.put_cf(meta_cf, meta::named(meta::BOUNDARY, name), encode_json(&info));
+                batch.put_cf(meta_cf, meta::CATALOG_SEQ, encode_json(&(seq + 1)));
+                batch.put_cf(meta_cf, meta::NEXT_BOUNDARY_ID, encode_json(&(id + 1)));
+                let stored = info.clone();
+                Ok((
+                    Ok(Applied::Boundary(info)),
+                    Some(Box::new(move |c: &mut Catalog| {
+                        c.catalog_seq = seq + 1;
+                        c.next_boundary_id = id + 1;
+                        c.heads.insert(id, 0);
+                        c.boundaries.insert(stored.name.clone(), stored);
+                    })),
+                ))
+            }
+            Command::CreateIndex { boundary, index } => {
+                let bid = self.active_boundary_id(boundary)?;
+                let key = (bid, index.name.clone());
+                match self.with_catalog(|c| c.indexes.get(&key).cloned()) {
+                    Some(existing) if existing == *index => Ok((Ok(Applied::Done), None)),
+                    Some(_) => Err(Planned::Rejected(Error::AlreadyExists(format!(
+                        "index \"{}\" already exists in boundary \"{boundary}\" with a different definition",
+                        index.name
+                    )))),
+                    None => {
+                        batch.put_cf(
+                            self.cf(CF_SM_META)?,
+                            meta::scoped(meta::INDEX, bid, &index.name),
+                            encode_json(index),
+                        );
+                        let index = index.clone();
+                        Ok((
+                            Ok(Applied::Done),
+                            Some(Box::new(move |c: &mut Catalog| {
+                                c.indexes.insert(key, index);
+                            })),
+                        ))
+                    }
+                }
+            }
+            Command::DropIndex { boundary, name } => {
+                let bid = self.active_boundary_id(boundary)?;
+                let key = (bid, name.clone());
+                if !self.with_catalog(|c| c.indexes.contains_key(&key)) {
+                    return Err(Planned::Rejected(Error::NotFound(format!(
+                        "index \"{name}\" not found in boundary \"{boundary}\""
+                    ))));
+                }
+                batch.delete_cf(self.cf(CF_SM_META)?, meta::scoped(meta::INDEX, bid, name));
+                Ok((
+                    Ok(Applied::Done),
+                    Some(Box::new(move |c: &mut Catalog| {
+                        c.indexes.remove(&key);
+                    })),
+                ))
+            }
+            Command::CreateUser { user, if_absent } => {
+                if let Some(existing) = self.with_catalog(|c| c.user_by_name(&user.username).cloned())
+                {
+                    return if *if_absent {
+                        Ok((Ok(Applied::User(existing)), None))
+                    } else {
+                        Err(Planned::Rejected(Error::AlreadyExists(format!(
+                            "user \"{}\" already exists",
+                            user.username
+                        ))))
+                    };
+                }
+                batch.put_cf(
+                    self.cf(CF_SM_META)?,
+                    meta::named(meta::USER, &user.user_id),
+                    encode_json(user),
+                );
+                let stored = user.clone();
+                Ok((
+                    Ok(Applied::User(user.clone())),
+                    Some(Box::new(move |c: &mut Catalog| {
+                        c.users.insert(stored.user_id.clone(), stored);
+                    })),
+                ))
+            }
+            Command::DeleteUser { user_id } => {
+                if !self.with_catalog(|c| c.users.contains_key(user_id)) {
+                    return Err(Planned::Rejected(Error::NotFound(format!(
+                        "user \"{user_id}\" not found"
+                    ))));
+                }
+                batch.delete_cf(self.cf(CF_SM_META)?, meta::named(meta::USER, user_id));
+                let user_id = user_id.clone();
+                Ok((
+                    Ok(Applied::Done),
+                    Some(Box::new(move |c: &mut Catalog| {
+                        c.users.remove(&user_id);
+                    })),
+                ))
+            }
+            Command::SetPassword {
+                user_id,
+                password_hash,
+                at_unix_nanos,
+            } => {
+                let Some(mut user) = self.with_catalog(|c| c.users.get(user_id).cloned()) else {
+                    return Err(Planned::Rejected(Error::NotFound(format!(
+                        "user \"{user_id}\" not found"
+                    ))));
+                };
+                user.password_hash = password_hash.clone();
+                user.updated_unix_nanos = *at_unix_nanos;
+                user.credential_generation += 1;
+                batch.put_cf(
+                    self.cf(CF_SM_META)?,
+                    meta::named(meta::USER, user_id),
+                    encode_json(&user),
+                );
+                let stored = user.clone();
+                Ok((
+                    Ok(Applied::User(user)),
+                    Some(Box::new(move |c: &mut Catalog| {
+                        c.users.insert(stored.user_id.clone(), stored);
+                    })),
+                ))
+            }
+            Command::AcquireLease {
+                boundary,
+                subscriber,
+                holder,
+                at_unix_nanos,
+                ttl_nanos,
+            } => {
+                let bid = self.active_boundary_id(boundary)?;
+                let key = (bid, subscriber.clone());
+                if let Some(lease) = self.with_catalog(|c| c.leases.get(&key).cloned()) {
+                    // Expiry is judged against the leader's clock carried in the command, so
+                    // every replica reaches the same verdict.
+                    if lease.holder != *holder && lease.expires_unix_nanos > *at_unix_nanos {
+                        return Err(Planned::Rejected(Error::AlreadyExists(format!(
+                            "subscriber \"{subscriber}\" already has an open subscription on boundary \"{boundary}\""
+                        ))));
+                    }
+                }
+                let lease = Lease {
+                    holder: holder.clone(),
+                    expires_unix_nanos: at_unix_nanos.saturating_add(*ttl_nanos),
+                };
+                batch.put_cf(
+                    self.cf(CF_SM_META)?,
+                    meta::scoped(meta::LEASE, bid, subscriber),
+                    encode_json(&lease),
+                );
+                Ok((
+                    Ok(Applied::Done),
+                    Some(Box::new(move |c: &mut Catalog| {
+                        c.leases.insert(key, lease);
+                    })),
+                ))
+            }
+            Command::ReleaseLease {
+                boundary,
+                subscriber,
+                holder,
+            } => {
+                let Some(bid) = self.with_catalog(|c| c.boundaries.get(boundary).map(|b| b.id))
+                else {
+                    return Ok((Ok(Applied::Done), None));
+                };
+                let key = (bid, subscriber.clone());
+                let held = self.with_catalog(|c| {
+                    c.leases.get(&key).is_some_and(|l| l.holder == *holder)
+                });
+                if !held {
+                    return Ok((Ok(Applied::Done), None));
+                }
+                batch.delete_cf(
+                    self.cf(CF_SM_META)?,
+                    meta::scoped(meta::LEASE, bid, subscriber),
+                );
+                Ok((
+                    Ok(Applied::Done),
+                    Some(Box::new(move |c: &mut Catalog| {
+                        c.leases.remove(&key);
+                    })),
+                ))
+            }
+            Command::InitTokenKey { key } => {
+                if self.with_catalog(|c| c.token_key.is_some()) {
+                    return Ok((Ok(Applied::Done), None));
+                }
+                batch.put_cf(self.cf(CF_SM_META)?, meta::TOKEN_KEY, key);
+                let key = key.clone();
+                Ok((
+                    Ok(Applied::Done),
+                    Some(Box::new(move |c: &mut Catalog| c.token_key = Some(key))),
+                ))
+            }
+        }
+    }
+
+    fn active_boundary_id(&self, name: &str) -> Result<u32, Planned> {
+        self.with_catalog(|c| c.active_boundary(name).map(|b| b.id))
+            .ok_or_else(|| Planned::Rejected(Error::BoundaryNotActive(name.to_string())))
+    }
+
+    fn plan_append(
+        &self,
+        append: &Append,
+        batch: &mut WriteBatch,
+    ) -> Result<(Outcome, Option<CatalogUpdate>), Planned> {
+        let bid = self.active_boundary_id(&append.boundary)?;
+        if append.events.is_empty() {
+            // Validated before proposing; kept so a malformed entry cannot underflow below.
+            return Err(Planned::Rejected(Error::invalid("events is empty")));
+        }
+        // C2: every observation must hold exactly. Earlier entries are already written, so
+        // they count (C3); this entry's own events are not, so they do not.
+        for obs in &append.observations {
+            let actual = self.latest_position(bid, &obs.query)?;
+            if actual != obs.position {
+                return Err(Planned::Rejected(Error::Conflict {
+                    expected: obs.position,
+                    actual,
+                }));
+            }
+        }
+        let first = self.with_catalog(|c| c.head(bid));
+        let n = append.events.len() as u64;
+        let commit = first + n;
+        let events_cf = self.cf(CF_EVENTS)?;
+        let tags_cf = self.cf(CF_TAGS)?;
+        let commit_bytes = commit.to_be_bytes();
+        for (i, event) in append.events.iter().enumerate() {
+            let prepare = first + i as u64;
+            batch.put_cf(
+                events_cf,
+                keys::event_key(bid, prepare),
+                keys::encode_event(
+                    commit,
+                    append.at_unix_nanos,
+                    &event.event_id,
+                    &event.event_type,
+                    &event.data,
+                    &event.metadata,
+                ),
+            );
+            for tag in &event.tags {
+                let prefix = keys::tag_prefix(bid, &tag.key, &tag.value);
+                batch.put_cf(tags_cf, keys::with_prepare(&prefix, prepare), commit_bytes);
+            }
+        }
+        if !append.observations.is_empty() {
+            batch.put_cf(
+                self.cf(CF_WRITES)?,
+                keys::write_key(bid, commit),
+                encode_json(&append.observations),
+            );
+        }
+        let last = Position::of_event(commit - 1, commit);
+        Ok((
+            Ok(Applied::Appended { last }),
+            Some(Box::new(move |c: &mut Catalog| {
+                c.heads.insert(bid, commit);
+            })),
+        ))
+    }
+}
+
+/// Why planning stopped.
+enum Planned {
+    /// A deterministic domain rejection.
+    Rejected(Error),
+    /// Storage failed.
+    Storage(StoreError),
+}
+
+impl From<StoreError> for Planned {
+    fn from(e: StoreError) -> Self {
+        Planned::Storage(e)
+    }
+}

@@ -1,0 +1,190 @@
+//! Key and value encodings. Integers are big-endian so that RocksDB's byte order is the
+//! numeric order: iterating `events` by key is iterating by prepare position.
+
+use cairn_core::Position;
+use cairn_core::event::StoredEvent;
+
+use crate::StoreError;
+
+/// `events`: boundary id · prepare.
+pub fn event_key(bid: u32, prepare: u64) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..4].copy_from_slice(&bid.to_be_bytes());
+    k[4..].copy_from_slice(&prepare.to_be_bytes());
+    k
+}
+
+/// First key after every event of `bid`.
+pub fn boundary_end_key(bid: u32) -> [u8; 4] {
+    (bid + 1).to_be_bytes()
+}
+
+/// Prepare position of an `events` key.
+pub fn prepare_of_event_key(key: &[u8]) -> Result<u64, StoreError> {
+    let tail: [u8; 8] = key
+        .get(4..12)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| StoreError::corrupt("events", "key shorter than 12 bytes"))?;
+    Ok(u64::from_be_bytes(tail))
+}
+
+/// `tags` posting-list prefix: boundary id · len+key · len+value. Every row under it ends
+/// with the prepare position of a matching event.
+pub fn tag_prefix(bid: u32, key: &str, value: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(4 + 4 + key.len() + 4 + value.len() + 8);
+    k.extend_from_slice(&bid.to_be_bytes());
+    k.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    k.extend_from_slice(key.as_bytes());
+    k.extend_from_slice(&(value.len() as u32).to_be_bytes());
+    k.extend_from_slice(value.as_bytes());
+    k
+}
+
+/// Appends a prepare position to a posting-list prefix.
+pub fn with_prepare(prefix: &[u8], prepare: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 8);
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(&prepare.to_be_bytes());
+    k
+}
+
+/// Prepare position at the end of a `tags` key.
+pub fn prepare_suffix(key: &[u8]) -> Result<u64, StoreError> {
+    let n = key.len();
+    let tail: [u8; 8] = key
+        .get(n.saturating_sub(8)..)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| StoreError::corrupt("tags", "key shorter than 8 bytes"))?;
+    Ok(u64::from_be_bytes(tail))
+}
+
+/// `writes`: boundary id · commit.
+pub fn write_key(bid: u32, commit: u64) -> [u8; 12] {
+    event_key(bid, commit)
+}
+
+/// Typed keys of `sm_meta`.
+pub mod meta {
+    /// Opaque applied-state marker of the Raft layer (last applied log id, membership).
+    pub const APPLIED: &[u8] = b"applied";
+    /// Catalog sequence (boundary definition/status positions).
+    pub const CATALOG_SEQ: &[u8] = b"catalog_seq";
+    /// Next boundary id.
+    pub const NEXT_BOUNDARY_ID: &[u8] = b"next_boundary_id";
+    /// Session-token key.
+    pub const TOKEN_KEY: &[u8] = b"token_key";
+    /// Prefix of boundary records, by name.
+    pub const BOUNDARY: &[u8] = b"bnd/";
+    /// Prefix of user records, by id.
+    pub const USER: &[u8] = b"usr/";
+    /// Prefix of index records, by boundary id and name.
+    pub const INDEX: &[u8] = b"idx/";
+    /// Prefix of subscription leases, by boundary id and subscriber name.
+    pub const LEASE: &[u8] = b"lse/";
+
+    /// `prefix` · `name`.
+    pub fn named(prefix: &[u8], name: &str) -> Vec<u8> {
+        [prefix, name.as_bytes()].concat()
+    }
+
+    /// `prefix` · boundary id · `name`.
+    pub fn scoped(prefix: &[u8], bid: u32, name: &str) -> Vec<u8> {
+        [prefix, &bid.to_be_bytes(), name.as_bytes()].concat()
+    }
+}
+
+/// Encodes an `events` value.
+pub fn encode_event(
+    commit: u64,
+    created_unix_nanos: i64,
+    event_id: &str,
+    event_type: &str,
+    data: &str,
+    metadata: &str,
+) -> Vec<u8> {
+    let mut v =
+        Vec::with_capacity(16 + 16 + event_id.len() + event_type.len() + data.len() + metadata.len());
+    v.extend_from_slice(&commit.to_be_bytes());
+    v.extend_from_slice(&created_unix_nanos.to_be_bytes());
+    for s in [event_id, event_type, data, metadata] {
+        v.extend_from_slice(&(s.len() as u32).to_be_bytes());
+        v.extend_from_slice(s.as_bytes());
+    }
+    v
+}
+
+/// Commit position stored at the head of an `events` value.
+pub fn commit_of_event_value(value: &[u8]) -> Result<u64, StoreError> {
+    let head: [u8; 8] = value
+        .get(..8)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| StoreError::corrupt("events", "value shorter than 8 bytes"))?;
+    Ok(u64::from_be_bytes(head))
+}
+
+/// Decodes an `events` value at `prepare`.
+pub fn decode_event(prepare: u64, value: &[u8]) -> Result<StoredEvent, StoreError> {
+    let bad = |what: &str| StoreError::corrupt("events", &format!("event {prepare}: {what}"));
+    let commit = commit_of_event_value(value)?;
+    let created: [u8; 8] = value
+        .get(8..16)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| bad("truncated timestamp"))?;
+    let mut rest = &value[16..];
+    let mut strings = Vec::with_capacity(4);
+    for _ in 0..4 {
+        let len: [u8; 4] = rest
+            .get(..4)
+            .and_then(|s| s.try_into().ok())
+            .ok_or_else(|| bad("truncated length"))?;
+        let len = u32::from_be_bytes(len) as usize;
+        let bytes = rest.get(4..4 + len).ok_or_else(|| bad("truncated string"))?;
+        strings.push(String::from_utf8(bytes.to_vec()).map_err(|_| bad("invalid UTF-8"))?);
+        rest = &rest[4 + len..];
+    }
+    let metadata = strings.pop().unwrap_or_default();
+    let data = strings.pop().unwrap_or_default();
+    let event_type = strings.pop().unwrap_or_default();
+    let event_id = strings.pop().unwrap_or_default();
+    Ok(StoredEvent {
+        position: Position::of_event(prepare, commit),
+        event_id,
+        event_type,
+        data,
+        metadata,
+        created_unix_nanos: i64::from_be_bytes(created),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_roundtrip() {
+        let v = encode_event(7, -3, "id", "T", "{\"a\":1}", "{}");
+        let e = decode_event(5, &v).expect("decodes");
+        assert_eq!(e.position, Position::new(7, 5));
+        assert_eq!(e.event_id, "id");
+        assert_eq!(e.event_type, "T");
+        assert_eq!(e.data, "{\"a\":1}");
+        assert_eq!(e.metadata, "{}");
+        assert_eq!(e.created_unix_nanos, -3);
+        assert!(decode_event(5, &v[..v.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn big_endian_order_is_numeric_order() {
+        assert!(event_key(1, 255) < event_key(1, 256));
+        assert!(event_key(1, u64::MAX) < event_key(2, 0));
+        let p = tag_prefix(1, "k", "v");
+        assert!(with_prepare(&p, 9) < with_prepare(&p, 10));
+        assert_eq!(prepare_suffix(&with_prepare(&p, 42)).expect("suffix"), 42);
+    }
+
+    #[test]
+    fn tag_prefixes_do_not_collide() {
+        // Length prefixes keep ("ab","c") and ("a","bc") apart.
+        assert_ne!(tag_prefix(1, "ab", "c"), tag_prefix(1, "a", "bc"));
+    }
+}

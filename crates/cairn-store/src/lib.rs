@@ -1,0 +1,271 @@
+//! Cairn's state machine on RocksDB.
+//!
+//! One RocksDB instance per node holds the Raft log (written by `cairn-raft`) and the state
+//! machine (written here), in separate column families (see `shared/spec/architecture.md`).
+//! [`Store::apply`] is the deterministic step every replica runs in log order: the CCC check
+//! and the append land in one `WriteBatch` together with the applied-state marker, so a crash
+//! leaves either all of an entry's effects or none. Reads come from RocksDB snapshots and
+//! answer every criterion from the tag index (X2), never by scanning the event log.
+//!
+//! All methods block on disk I/O: async callers run them under `spawn_blocking`.
+
+mod apply;
+mod catalog;
+mod checkpoint;
+pub mod keys;
+mod read;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, Options};
+
+pub use catalog::{Catalog, Lease};
+pub use checkpoint::{pack_dir, unpack_dir};
+pub use read::{Direction, ReadStart};
+
+/// Raft log entries, by index (written by cairn-raft).
+pub const CF_RAFT_LOG: &str = "raft_log";
+/// Raft vote / committed / purged markers (written by cairn-raft).
+pub const CF_RAFT_META: &str = "raft_meta";
+/// Events by boundary id · prepare.
+pub const CF_EVENTS: &str = "events";
+/// Tag posting lists: boundary id · key · value · prepare → commit.
+pub const CF_TAGS: &str = "tags";
+/// Normalised observations of conditional writes, by boundary id · commit.
+pub const CF_WRITES: &str = "writes";
+/// Reserved for idempotent event ids (X1).
+pub const CF_EVENT_IDS: &str = "event_ids";
+/// Catalog, users, indexes, leases, applied marker.
+pub const CF_SM_META: &str = "sm_meta";
+
+/// Column families of the state machine (what a snapshot carries).
+pub const STATE_MACHINE_CFS: [&str; 5] = [CF_EVENTS, CF_TAGS, CF_WRITES, CF_EVENT_IDS, CF_SM_META];
+/// Every column family, in creation order.
+pub const ALL_CFS: [&str; 7] = [
+    CF_RAFT_LOG,
+    CF_RAFT_META,
+    CF_EVENTS,
+    CF_TAGS,
+    CF_WRITES,
+    CF_EVENT_IDS,
+    CF_SM_META,
+];
+
+/// Default block cache shared by all column families.
+pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 256 * 1024 * 1024;
+
+/// Storage faults. Domain outcomes (conflicts, duplicates) are not errors here: they are
+/// [`cairn_core::command::Outcome`] values, identical on every replica.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// RocksDB reported an error.
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// A stored record could not be decoded.
+    #[error("corrupt record in column family {cf}: {detail}")]
+    Corrupt {
+        /// Column family.
+        cf: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The database lacks a column family it must have.
+    #[error("column family {0} is missing")]
+    MissingColumnFamily(&'static str),
+    /// Filesystem error (checkpoints, snapshots).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A background task panicked or was cancelled.
+    #[error("{0}")]
+    Task(String),
+}
+
+impl StoreError {
+    pub(crate) fn corrupt(cf: &'static str, detail: &str) -> Self {
+        StoreError::Corrupt {
+            cf,
+            detail: detail.to_string(),
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<StoreError> for cairn_core::Error {
+    fn from(e: StoreError) -> Self {
+        cairn_core::Error::Internal(format!("storage failure: {e}"))
+    }
+}
+
+/// Storage tuning, validated by the server's config.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Shared block cache size in bytes.
+    pub block_cache_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
+        }
+    }
+}
+
+struct Inner {
+    db: Arc<DB>,
+    path: PathBuf,
+    catalog: RwLock<Catalog>,
+    /// Serialises writers: apply, snapshot installation. Readers never take it.
+    writer: Mutex<()>,
+}
+
+/// Handle to the node's RocksDB: cheap to clone, safe to share across threads.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.inner.path).finish()
+    }
+}
+
+fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
+    let mut db_opts = Options::default();
+    db_opts.create_if_missing(true);
+    db_opts.create_missing_column_families(true);
+    db_opts.increase_parallelism(2);
+    db_opts.set_max_background_jobs(2);
+    db_opts.set_keep_log_file_num(5);
+
+    let cache = Cache::new_lru_cache(opts.block_cache_bytes);
+    let cfs = ALL_CFS
+        .iter()
+        .map(|name| {
+            let mut cf_opts = Options::default();
+            let mut table = BlockBasedOptions::default();
+            table.set_block_cache(&cache);
+            // Posting-list seeks and event point reads dominate: whole-key bloom filters
+            // make negative lookups cheap, and cached index blocks keep seeks off the disk.
+            table.set_bloom_filter(10.0, false);
+            table.set_cache_index_and_filter_blocks(true);
+            table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+            cf_opts.set_block_based_table_factory(&table);
+            let compression = if *name == CF_TAGS || *name == CF_SM_META {
+                DBCompressionType::None
+            } else {
+                DBCompressionType::Lz4
+            };
+            cf_opts.set_compression_type(compression);
+            ColumnFamilyDescriptor::new(*name, cf_opts)
+        })
+        .collect();
+    (db_opts, cfs)
+}
+
+impl Store {
+    /// Opens (or creates) the database under `path` and loads the catalog.
+    pub fn open(path: impl AsRef<Path>, opts: &StoreOptions) -> Result<Store, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        std::fs::create_dir_all(&path)
+            .map_err(|e| StoreError::io(format!("failed to create {}", path.display()), e))?;
+        let (db_opts, cfs) = db_options(opts);
+        let db = DB::open_cf_descriptors(&db_opts, &path, cfs)?;
+        for name in ALL_CFS {
+            if db.cf_handle(name).is_none() {
+                return Err(StoreError::MissingColumnFamily(name));
+            }
+        }
+        let db = Arc::new(db);
+        let catalog = Catalog::load(&db)?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                catalog: RwLock::new(catalog),
+                writer: Mutex::new(()),
+            }),
+        })
+    }
+
+    /// The RocksDB handle, for the Raft log store sharing this database.
+    pub fn db(&self) -> &Arc<DB> {
+        &self.inner.db
+    }
+
+    /// Directory of the database.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    pub(crate) fn cf(&self, name: &'static str) -> Result<&rocksdb::ColumnFamily, StoreError> {
+        self.inner
+            .db
+            .cf_handle(name)
+            .ok_or(StoreError::MissingColumnFamily(name))
+    }
+
+    /// Runs `f` with read access to the catalog.
+    pub fn with_catalog<T>(&self, f: impl FnOnce(&Catalog) -> T) -> T {
+        let guard = self
+            .inner
+            .catalog
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&guard)
+    }
+
+    pub(crate) fn with_catalog_mut<T>(&self, f: impl FnOnce(&mut Catalog) -> T) -> T {
+        let mut guard = self
+            .inner
+            .catalog
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut guard)
+    }
+
+    /// The Raft layer's applied-state marker as last written, if any.
+    pub fn applied_marker(&self) -> Option<Vec<u8>> {
+        self.with_catalog(|c| c.applied_marker.clone())
+    }
+
+    /// Approximate on-disk and in-memory sizes for metrics: (live SST bytes, pending
+    /// compaction bytes, memtable bytes), summed over column families.
+    pub fn size_stats(&self) -> (u64, u64, u64) {
+        let mut totals = (0, 0, 0);
+        for name in ALL_CFS {
+            let Ok(cf) = self.cf(name) else { continue };
+            let prop = |p: &str| {
+                self.inner
+                    .db
+                    .property_int_value_cf(cf, p)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0)
+            };
+            totals.0 += prop("rocksdb.live-sst-files-size");
+            totals.1 += prop("rocksdb.estimate-pending-compaction-bytes");
+            totals.2 += prop("rocksdb.cur-size-all-mem-tables");
+        }
+        totals
+    }
+
+    /// Flushes the WAL to disk (used at shutdown).
+    pub fn sync_wal(&self) -> Result<(), StoreError> {
+        self.inner.db.flush_wal(true)?;
+        Ok(())
+    }
+}

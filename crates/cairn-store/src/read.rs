@@ -1,0 +1,495 @@
+//! Reads: positions, filtered pages, latest-by-criteria, write contexts.
+//!
+//! Every criterion is answered from the `tags` posting lists. A criterion (AND of tags) is a
+//! leapfrog intersection: seek each tag's list to the current candidate; a list that lands
+//! elsewhere moves the candidate; when all lists agree, the candidate matches. Backwards
+//! (seek_for_prev) it finds the newest match, forwards (seek) the next one. A query (OR) is
+//! the max (latest) or a k-way merge (pages) of its criteria.
+
+use cairn_core::event::StoredEvent;
+use cairn_core::{Criterion, Observation, Position, Query};
+use rocksdb::{DB, DBRawIterator, ReadOptions, SnapshotWithThreadMode};
+
+use crate::catalog::decode_json;
+use crate::keys;
+use crate::{CF_EVENTS, CF_TAGS, CF_WRITES, Store, StoreError};
+
+/// Read direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Oldest first.
+    Asc,
+    /// Newest first.
+    Desc,
+}
+
+/// Where a page starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadStart {
+    /// The oldest event (ASC) or the newest (DESC).
+    Edge,
+    /// At or after (ASC) / at or before (DESC) a position (G1).
+    Inclusive(Position),
+    /// Strictly after a position (ASC only: subscriptions, S2).
+    After(Position),
+    /// At or after a prepare position (ASC only: subscription cursors).
+    Prepare(u64),
+}
+
+/// One tag's posting list, positioned by seeks.
+struct Posting<'a> {
+    prefix: Vec<u8>,
+    it: DBRawIterator<'a>,
+}
+
+impl Posting<'_> {
+    /// Greatest prepare ≤ `at` in this list.
+    fn at_or_before(&mut self, at: u64) -> Result<Option<(u64, u64)>, StoreError> {
+        self.it.seek_for_prev(keys::with_prepare(&self.prefix, at));
+        self.current()
+    }
+
+    /// Smallest prepare ≥ `at` in this list.
+    fn at_or_after(&mut self, at: u64) -> Result<Option<(u64, u64)>, StoreError> {
+        self.it.seek(keys::with_prepare(&self.prefix, at));
+        self.current()
+    }
+
+    /// (prepare, commit) under the cursor, if it is inside this list.
+    fn current(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        match self.it.item() {
+            Some((k, v)) if k.starts_with(&self.prefix) && k.len() == self.prefix.len() + 8 => {
+                let prepare = keys::prepare_suffix(k)?;
+                let commit: [u8; 8] = v
+                    .try_into()
+                    .map_err(|_| StoreError::corrupt("tags", "value is not 8 bytes"))?;
+                Ok(Some((prepare, u64::from_be_bytes(commit))))
+            }
+            _ => {
+                self.it.status()?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Leapfrog cursor over one criterion.
+struct CriterionCursor<'a> {
+    lists: Vec<Posting<'a>>,
+}
+
+impl CriterionCursor<'_> {
+    /// Newest (prepare, commit) ≤ `upper` matching every tag.
+    fn latest_at_or_before(&mut self, upper: u64) -> Result<Option<(u64, u64)>, StoreError> {
+        let n = self.lists.len();
+        let (mut candidate, mut agree, mut i) = (upper, 0usize, 0usize);
+        loop {
+            let Some((p, commit)) = self.lists[i].at_or_before(candidate)? else {
+                return Ok(None);
+            };
+            if p == candidate {
+                agree += 1;
+            } else {
+                candidate = p;
+                agree = 1;
+            }
+            if agree == n {
+                return Ok(Some((candidate, commit)));
+            }
+            i = (i + 1) % n;
+        }
+    }
+
+    /// Oldest (prepare, commit) ≥ `lower` matching every tag.
+    fn first_at_or_after(&mut self, lower: u64) -> Result<Option<(u64, u64)>, StoreError> {
+        let n = self.lists.len();
+        let (mut candidate, mut agree, mut i) = (lower, 0usize, 0usize);
+        loop {
+            let Some((p, commit)) = self.lists[i].at_or_after(candidate)? else {
+                return Ok(None);
+            };
+            if p == candidate {
+                agree += 1;
+            } else {
+                candidate = p;
+                agree = 1;
+            }
+            if agree == n {
+                return Ok(Some((candidate, commit)));
+            }
+            i = (i + 1) % n;
+        }
+    }
+}
+
+/// A consistent view of one boundary: a RocksDB snapshot, or the live DB for the writer.
+struct View<'a> {
+    db: &'a DB,
+    snapshot: Option<&'a SnapshotWithThreadMode<'a, DB>>,
+    bid: u32,
+    store: &'a Store,
+}
+
+impl<'a> View<'a> {
+    fn read_opts(&self) -> ReadOptions {
+        let mut opts = ReadOptions::default();
+        if let Some(s) = self.snapshot {
+            opts.set_snapshot(s);
+        }
+        opts
+    }
+
+    fn posting(&self, key: &str, value: &str) -> Result<Posting<'a>, StoreError> {
+        let prefix = keys::tag_prefix(self.bid, key, value);
+        let mut opts = self.read_opts();
+        opts.set_iterate_lower_bound(prefix.clone());
+        let mut upper = prefix.clone();
+        upper.extend_from_slice(&[0xff; 9]);
+        opts.set_iterate_upper_bound(upper);
+        let it = self.db.raw_iterator_cf_opt(self.store.cf(CF_TAGS)?, opts);
+        Ok(Posting { prefix, it })
+    }
+
+    fn cursor(&self, criterion: &Criterion) -> Result<CriterionCursor<'a>, StoreError> {
+        let lists = criterion
+            .tags
+            .iter()
+            .map(|t| self.posting(&t.key, &t.value))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(CriterionCursor { lists })
+    }
+
+    fn get_event_raw(&self, prepare: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let cf = self.store.cf(CF_EVENTS)?;
+        Ok(self
+            .db
+            .get_cf_opt(cf, keys::event_key(self.bid, prepare), &self.read_opts())?)
+    }
+
+    fn event(&self, prepare: u64) -> Result<StoredEvent, StoreError> {
+        let raw = self.get_event_raw(prepare)?.ok_or_else(|| {
+            StoreError::corrupt("events", &format!("event {prepare} is indexed but missing"))
+        })?;
+        keys::decode_event(prepare, &raw)
+    }
+
+    fn position_of(&self, prepare: u64) -> Result<Position, StoreError> {
+        let raw = self.get_event_raw(prepare)?.ok_or_else(|| {
+            StoreError::corrupt("events", &format!("event {prepare} is below the head but missing"))
+        })?;
+        Ok(Position::of_event(prepare, keys::commit_of_event_value(&raw)?))
+    }
+
+    /// Number of events visible in this view.
+    fn head(&self) -> Result<u64, StoreError> {
+        let cf = self.store.cf(CF_EVENTS)?;
+        let mut it = self.db.raw_iterator_cf_opt(cf, self.read_opts());
+        it.seek_for_prev(keys::event_key(self.bid, u64::MAX));
+        match it.key() {
+            Some(k) if k.starts_with(&self.bid.to_be_bytes()) => {
+                Ok(keys::prepare_of_event_key(k)? + 1)
+            }
+            _ => {
+                it.status()?;
+                Ok(0)
+            }
+        }
+    }
+
+    /// First prepare in `[0, head)` whose position satisfies `!below(pos)`; positions grow
+    /// with prepare, so this is a binary search over point reads.
+    fn partition_point(
+        &self,
+        head: u64,
+        below: impl Fn(Position) -> bool,
+    ) -> Result<u64, StoreError> {
+        let (mut lo, mut hi) = (0u64, head);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if below(self.position_of(mid)?) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
+    /// First prepare whose position is ≥ `pos` (or `head` if none).
+    fn first_at_or_after(&self, head: u64, pos: Position) -> Result<u64, StoreError> {
+        if pos.commit < 1 {
+            return Ok(0);
+        }
+        // Fast path: `pos` is an event's own position.
+        if pos.prepare >= 0 && (pos.prepare as u64) < head {
+            let p = pos.prepare as u64;
+            if self.position_of(p)? == pos {
+                return Ok(p);
+            }
+        }
+        // Every event at prepare ≥ commit has a commit > `pos.commit`: search below it.
+        let bound = head.min(pos.commit as u64);
+        let q = self.partition_point(bound, |p| p < pos)?;
+        Ok(if q < bound { q } else { bound })
+    }
+
+    /// First prepare whose position is > `pos` (or `head` if none).
+    fn first_after(&self, head: u64, pos: Position) -> Result<u64, StoreError> {
+        if pos.commit < 1 {
+            return Ok(0);
+        }
+        if pos.prepare >= 0 && (pos.prepare as u64) < head {
+            let p = pos.prepare as u64;
+            if self.position_of(p)? == pos {
+                return Ok(p + 1);
+            }
+        }
+        let bound = head.min(pos.commit as u64);
+        let q = self.partition_point(bound, |p| p <= pos)?;
+        Ok(if q < bound { q } else { bound })
+    }
+
+    /// Newest (prepare, commit) matching `query` below `head` (empty query: newest event).
+    fn latest(&self, head: u64, query: &Query) -> Result<Option<(u64, u64)>, StoreError> {
+        if head == 0 {
+            return Ok(None);
+        }
+        if query.criteria.is_empty() {
+            let p = self.position_of(head - 1)?;
+            return Ok(Some((head - 1, p.commit as u64)));
+        }
+        let mut best: Option<(u64, u64)> = None;
+        for criterion in &query.criteria {
+            if let Some(found) = self.cursor(criterion)?.latest_at_or_before(head - 1)? {
+                if best.is_none_or(|b| found.0 > b.0) {
+                    best = Some(found);
+                }
+            }
+        }
+        Ok(best)
+    }
+
+    /// A page of events matching `query`, from prepare `start` in `direction`.
+    fn page(
+        &self,
+        query: &Query,
+        start: Option<u64>,
+        head: u64,
+        direction: Direction,
+        count: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut out = Vec::new();
+        let Some(start) = start else { return Ok(out) };
+        if query.criteria.is_empty() {
+            return self.scan(start, head, direction, count);
+        }
+        let mut cursors = query
+            .criteria
+            .iter()
+            .map(|c| self.cursor(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        match direction {
+            Direction::Asc => {
+                let mut next = start;
+                while out.len() < count && next < head {
+                    let mut best: Option<u64> = None;
+                    for c in &mut cursors {
+                        if let Some((p, _)) = c.first_at_or_after(next)? {
+                            if p < head && best.is_none_or(|b| p < b) {
+                                best = Some(p);
+                            }
+                        }
+                    }
+                    let Some(p) = best else { break };
+                    out.push(self.event(p)?);
+                    next = p + 1;
+                }
+            }
+            Direction::Desc => {
+                let mut next = Some(start.min(head.saturating_sub(1)));
+                if head == 0 {
+                    next = None;
+                }
+                while let Some(upper) = next {
+                    if out.len() >= count {
+                        break;
+                    }
+                    let mut best: Option<u64> = None;
+                    for c in &mut cursors {
+                        if let Some((p, _)) = c.latest_at_or_before(upper)? {
+                            if best.is_none_or(|b| p > b) {
+                                best = Some(p);
+                            }
+                        }
+                    }
+                    let Some(p) = best else { break };
+                    out.push(self.event(p)?);
+                    next = p.checked_sub(1);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn scan(
+        &self,
+        start: u64,
+        head: u64,
+        direction: Direction,
+        count: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let cf = self.store.cf(CF_EVENTS)?;
+        let mut opts = self.read_opts();
+        opts.set_iterate_lower_bound(keys::event_key(self.bid, 0).to_vec());
+        opts.set_iterate_upper_bound(keys::event_key(self.bid, head).to_vec());
+        let mut it = self.db.raw_iterator_cf_opt(cf, opts);
+        let mut out = Vec::new();
+        match direction {
+            Direction::Asc => it.seek(keys::event_key(self.bid, start)),
+            Direction::Desc => it.seek_for_prev(keys::event_key(self.bid, start)),
+        }
+        while out.len() < count {
+            let Some((k, v)) = it.item() else {
+                it.status()?;
+                break;
+            };
+            out.push(keys::decode_event(keys::prepare_of_event_key(k)?, v)?);
+            match direction {
+                Direction::Asc => it.next(),
+                Direction::Desc => it.prev(),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Store {
+    fn live_view(&self, bid: u32) -> View<'_> {
+        View {
+            db: &self.inner.db,
+            snapshot: None,
+            bid,
+            store: self,
+        }
+    }
+
+    /// `L(Q)` of the CCC rule (C2) on the live state: the greatest committed position
+    /// matching `query`, or `(-1,-1)`. Used by the single writer during apply.
+    pub(crate) fn latest_position(&self, bid: u32, query: &Query) -> Result<Position, StoreError> {
+        let head = self.with_catalog(|c| c.head(bid));
+        let view = self.live_view(bid);
+        Ok(match view.latest(head, query)? {
+            Some((p, c)) => Position::of_event(p, c),
+            None => Position::NONE,
+        })
+    }
+
+    /// Greatest position matching `query` in a consistent snapshot, or `(-1,-1)`.
+    pub fn query_position(&self, bid: u32, query: &Query) -> Result<Position, StoreError> {
+        let snapshot = self.inner.db.snapshot();
+        let view = self.snapshot_view(&snapshot, bid);
+        let head = view.head()?;
+        Ok(match view.latest(head, query)? {
+            Some((p, c)) => Position::of_event(p, c),
+            None => Position::NONE,
+        })
+    }
+
+    fn snapshot_view<'a>(&'a self, snapshot: &'a SnapshotWithThreadMode<'a, DB>, bid: u32) -> View<'a> {
+        View {
+            db: &self.inner.db,
+            snapshot: Some(snapshot),
+            bid,
+            store: self,
+        }
+    }
+
+    /// A page of events of boundary `bid` matching `query` (G1, S2).
+    pub fn read_events(
+        &self,
+        bid: u32,
+        query: &Query,
+        start: ReadStart,
+        direction: Direction,
+        count: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let snapshot = self.inner.db.snapshot();
+        let view = self.snapshot_view(&snapshot, bid);
+        let head = view.head()?;
+        let start = match (start, direction) {
+            (ReadStart::Edge, Direction::Asc) => Some(0),
+            (ReadStart::Edge, Direction::Desc) => head.checked_sub(1),
+            (ReadStart::Inclusive(pos), Direction::Asc) => Some(view.first_at_or_after(head, pos)?),
+            (ReadStart::Inclusive(pos), Direction::Desc) => {
+                view.first_after(head, pos)?.checked_sub(1)
+            }
+            (ReadStart::After(pos), Direction::Asc) => Some(view.first_after(head, pos)?),
+            (ReadStart::After(pos), Direction::Desc) => {
+                view.first_at_or_after(head, pos)?.checked_sub(1)
+            }
+            (ReadStart::Prepare(p), Direction::Asc) => Some(p),
+            (ReadStart::Prepare(p), Direction::Desc) => Some(p),
+        };
+        view.page(query, start, head, direction, count)
+    }
+
+    /// The newest event per criterion, all from one snapshot (G2), and the context
+    /// position: the max of the found positions or `(-1,-1)`.
+    pub fn latest_by_criteria(
+        &self,
+        bid: u32,
+        criteria: &[Criterion],
+    ) -> Result<(Vec<Option<StoredEvent>>, Position), StoreError> {
+        let snapshot = self.inner.db.snapshot();
+        let view = self.snapshot_view(&snapshot, bid);
+        let head = view.head()?;
+        let mut context = Position::NONE;
+        let mut results = Vec::with_capacity(criteria.len());
+        for criterion in criteria {
+            let found = if head == 0 {
+                None
+            } else {
+                view.cursor(criterion)?.latest_at_or_before(head - 1)?
+            };
+            match found {
+                Some((p, _)) => {
+                    let event = view.event(p)?;
+                    context = context.max(event.position);
+                    results.push(Some(event));
+                }
+                None => results.push(None),
+            }
+        }
+        Ok((results, context))
+    }
+
+    /// The normalised observations a write committed with (C7): `None` when no write ends
+    /// at `last` (its last event's position), `Some(vec![])` for unconditional writes.
+    pub fn write_context(
+        &self,
+        bid: u32,
+        last: Position,
+    ) -> Result<Option<Vec<Observation>>, StoreError> {
+        if last.prepare < 0 || last.commit != last.prepare + 1 {
+            return Ok(None);
+        }
+        let snapshot = self.inner.db.snapshot();
+        let view = self.snapshot_view(&snapshot, bid);
+        match view.get_event_raw(last.prepare as u64)? {
+            Some(raw) if keys::commit_of_event_value(&raw)? == last.commit as u64 => {}
+            _ => return Ok(None),
+        }
+        let key = keys::write_key(bid, last.commit as u64);
+        let mut opts = ReadOptions::default();
+        opts.set_snapshot(&snapshot);
+        match self.inner.db.get_cf_opt(self.cf(CF_WRITES)?, key, &opts)? {
+            Some(bytes) => Ok(Some(decode_json("write context", &bytes)?)),
+            None => Ok(Some(Vec::new())),
+        }
+    }
+
+    /// Number of events in a boundary.
+    pub fn event_count(&self, bid: u32) -> u64 {
+        self.with_catalog(|c| c.head(bid))
+    }
+}

@@ -1,0 +1,279 @@
+//! The Raft log on RocksDB (column families `raft_log` and `raft_meta` of the node's DB).
+//!
+//! Keys of `raft_log` are big-endian log indexes, so iteration order is log order. Every
+//! mutation that openraft must be able to rely on after a crash (append, vote, truncate,
+//! purge) is written with `sync = true` before it is acknowledged.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{AnyError, Entry, LogId, RaftLogReader, StorageIOError, Vote};
+use rocksdb::{DB, WriteBatch, WriteOptions};
+
+use crate::codec::{decode, encode};
+use crate::{StorageError, TypeConfig};
+use cairn_store::{CF_RAFT_LOG, CF_RAFT_META};
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+
+/// The Raft log store. Cheap to clone: clones share the database.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<DB>,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LogStore")
+    }
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn read_err(e: impl Into<AnyError>) -> StorageError {
+    StorageIOError::read_logs(e).into()
+}
+
+fn write_err(e: impl Into<AnyError>) -> StorageError {
+    StorageIOError::write_logs(e).into()
+}
+
+fn missing_cf(name: &str) -> AnyError {
+    AnyError::error(format!("column family {name} is missing"))
+}
+
+async fn blocking<T, F>(f: F) -> Result<T, StorageError>
+where
+    F: FnOnce() -> Result<T, StorageError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| write_err(AnyError::error(format!("log storage task failed: {e}"))))?
+}
+
+impl LogStore {
+    /// A log store over the node's database (column families already exist).
+    pub fn new(db: Arc<DB>) -> Self {
+        LogStore { db }
+    }
+
+    fn synced() -> WriteOptions {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        opts
+    }
+
+    fn meta_get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
+        let cf = self
+            .db
+            .cf_handle(CF_RAFT_META)
+            .ok_or_else(|| read_err(missing_cf(CF_RAFT_META)))?;
+        match self.db.get_cf(cf, key).map_err(|e| read_err(&e))? {
+            Some(bytes) => Ok(Some(decode(&bytes).map_err(|e| read_err(&e))?)),
+            None => Ok(None),
+        }
+    }
+
+    fn meta_put<T: serde::Serialize>(&self, key: &[u8], value: &T, sync: bool) -> Result<(), StorageError> {
+        let cf = self
+            .db
+            .cf_handle(CF_RAFT_META)
+            .ok_or_else(|| write_err(missing_cf(CF_RAFT_META)))?;
+        let bytes = encode(value).map_err(|e| write_err(&e))?;
+        let mut opts = WriteOptions::default();
+        opts.set_sync(sync);
+        self.db
+            .put_cf_opt(cf, key, bytes, &opts)
+            .map_err(|e| write_err(&e))
+    }
+
+    fn last_entry_log_id(&self) -> Result<Option<LogId<u64>>, StorageError> {
+        let cf = self
+            .db
+            .cf_handle(CF_RAFT_LOG)
+            .ok_or_else(|| read_err(missing_cf(CF_RAFT_LOG)))?;
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek_to_last();
+        match it.value() {
+            Some(v) => {
+                let entry: Entry<TypeConfig> = decode(v).map_err(|e| read_err(&e))?;
+                Ok(Some(entry.log_id))
+            }
+            None => {
+                it.status().map_err(|e| read_err(&e))?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn read_range(&self, start: u64, end: Option<u64>) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let cf = self
+            .db
+            .cf_handle(CF_RAFT_LOG)
+            .ok_or_else(|| read_err(missing_cf(CF_RAFT_LOG)))?;
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek(index_key(start));
+        let mut out = Vec::new();
+        while let Some((k, v)) = it.item() {
+            let index = u64::from_be_bytes(
+                k.try_into()
+                    .map_err(|_| read_err(AnyError::error("raft_log key is not 8 bytes")))?,
+            );
+            if end.is_some_and(|end| index >= end) {
+                break;
+            }
+            out.push(decode(v).map_err(|e| read_err(&e))?);
+            it.next();
+        }
+        it.status().map_err(|e| read_err(&e))?;
+        Ok(out)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => Some(e + 1),
+            Bound::Excluded(&e) => Some(e),
+            Bound::Unbounded => None,
+        };
+        let this = self.clone();
+        blocking(move || this.read_range(start, end)).await
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let this = self.clone();
+        blocking(move || {
+            let last_purged: Option<LogId<u64>> = this.meta_get(KEY_LAST_PURGED)?;
+            let last = this.last_entry_log_id()?.or(last_purged);
+            Ok(LogState {
+                last_purged_log_id: last_purged,
+                last_log_id: last,
+            })
+        })
+        .await
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError> {
+        let this = self.clone();
+        let vote = *vote;
+        blocking(move || {
+            this.meta_put(KEY_VOTE, &vote, true)
+                .map_err(|e| StorageIOError::write_vote(&e).into())
+        })
+        .await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError> {
+        let this = self.clone();
+        blocking(move || this.meta_get(KEY_VOTE)).await
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError> {
+        // Not synced: it only lets a restarted node re-apply sooner; losing it is harmless.
+        let this = self.clone();
+        blocking(move || this.meta_put(KEY_COMMITTED, &committed, false)).await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError> {
+        let this = self.clone();
+        blocking(move || Ok(this.meta_get::<Option<LogId<u64>>>(KEY_COMMITTED)?.flatten())).await
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let this = self.clone();
+        let result = blocking(move || {
+            let cf = this
+                .db
+                .cf_handle(CF_RAFT_LOG)
+                .ok_or_else(|| write_err(missing_cf(CF_RAFT_LOG)))?;
+            let mut batch = WriteBatch::default();
+            for entry in &entries {
+                let bytes = encode(entry).map_err(|e| write_err(&e))?;
+                batch.put_cf(cf, index_key(entry.log_id.index), bytes);
+            }
+            // Synced: openraft counts these entries towards commit once the callback fires.
+            this.db
+                .write_opt(batch, &LogStore::synced())
+                .map_err(|e| write_err(&e))
+        })
+        .await;
+        match &result {
+            Ok(()) => callback.log_io_completed(Ok(())),
+            Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
+        }
+        result
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
+        let this = self.clone();
+        blocking(move || {
+            let cf = this
+                .db
+                .cf_handle(CF_RAFT_LOG)
+                .ok_or_else(|| write_err(missing_cf(CF_RAFT_LOG)))?;
+            let mut batch = WriteBatch::default();
+            batch.delete_range_cf(cf, index_key(log_id.index), index_key(u64::MAX));
+            batch.delete_cf(cf, index_key(u64::MAX));
+            this.db
+                .write_opt(batch, &LogStore::synced())
+                .map_err(|e| write_err(&e))
+        })
+        .await
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
+        let this = self.clone();
+        blocking(move || {
+            let log_cf = this
+                .db
+                .cf_handle(CF_RAFT_LOG)
+                .ok_or_else(|| write_err(missing_cf(CF_RAFT_LOG)))?;
+            let meta_cf = this
+                .db
+                .cf_handle(CF_RAFT_META)
+                .ok_or_else(|| write_err(missing_cf(CF_RAFT_META)))?;
+            let mut batch = WriteBatch::default();
+            // The purge marker and the deletion land together, so the log state is never
+            // "purged up to X" with entries ≤ X still present, or vice versa.
+            batch.put_cf(
+                meta_cf,
+                KEY_LAST_PURGED,
+                encode(&log_id).map_err(|e| write_err(&e))?,
+            );
+            batch.delete_range_cf(log_cf, index_key(0), index_key(log_id.index + 1));
+            this.db
+                .write_opt(batch, &LogStore::synced())
+                .map_err(|e| write_err(&e))
+        })
+        .await
+    }
+}

@@ -1,1 +1,24 @@
-//! placeholder
+//! Generated gRPC code for the Orisun protocol (`orisun`) and Cairn's own services
+//! (`cairn.v1`), the conversions between wire and domain types, and the one mapping of
+//! domain errors to gRPC status codes.
+
+pub mod codec;
+pub mod convert;
+pub mod status;
+
+/// The Orisun protocol (package `orisun`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod orisun {
+    tonic::include_proto!("orisun");
+}
+
+/// Cairn's internal services (package `cairn.v1`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod cairn_v1 {
+    tonic::include_proto!("cairn.v1");
+}
+
+/// Encoded `FileDescriptorSet` of every service, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
+
+pub use status::{from_status, to_status};

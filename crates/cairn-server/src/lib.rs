@@ -1,1 +1,16 @@
-//! placeholder
+//! The Cairn node: gRPC services (Orisun EventStore and Admin, health, reflection), auth,
+//! subscriptions, metrics and probes, configuration, and the `cairn` binary's entry point.
+
+pub mod admin;
+pub mod auth;
+pub mod config;
+pub mod event_store;
+pub mod grpc_layer;
+pub mod http;
+pub mod metrics;
+pub mod server;
+pub mod state;
+pub mod subscription;
+
+pub use config::{Cli, ServeArgs, ServeConfig};
+pub use server::{RunningServer, ServerError, start};

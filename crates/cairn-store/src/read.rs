@@ -413,6 +413,47 @@ impl Store {
         direction: Direction,
         count: usize,
     ) -> Result<Vec<StoredEvent>, StoreError> {
+        Ok(self.read_with_head(bid, query, start, direction, count)?.0)
+    }
+
+    /// An ascending page for a subscription, and the prepare position to continue from:
+    /// after the last event if the page is full, else the head of the snapshot read (every
+    /// event below it has been considered, matching or not).
+    pub fn read_page(
+        &self,
+        bid: u32,
+        query: &Query,
+        start: ReadStart,
+        limit: usize,
+    ) -> Result<(Vec<StoredEvent>, u64), StoreError> {
+        let (events, head) = self.read_with_head(bid, query, start, Direction::Asc, limit)?;
+        let next = match events.last() {
+            Some(last) if events.len() >= limit => last.position.prepare as u64 + 1,
+            _ => head,
+        };
+        Ok((events, next))
+    }
+
+    /// Where a subscription without `after_position` starts (S2): at the newest event
+    /// matching `query`, or at the head when nothing matches yet. One snapshot.
+    pub fn newest_match_cursor(&self, bid: u32, query: &Query) -> Result<u64, StoreError> {
+        let snapshot = self.inner.db.snapshot();
+        let view = self.snapshot_view(&snapshot, bid);
+        let head = view.head()?;
+        Ok(match view.latest(head, query)? {
+            Some((prepare, _)) => prepare,
+            None => head,
+        })
+    }
+
+    fn read_with_head(
+        &self,
+        bid: u32,
+        query: &Query,
+        start: ReadStart,
+        direction: Direction,
+        count: usize,
+    ) -> Result<(Vec<StoredEvent>, u64), StoreError> {
         let snapshot = self.inner.db.snapshot();
         let view = self.snapshot_view(&snapshot, bid);
         let head = view.head()?;
@@ -430,7 +471,7 @@ impl Store {
             (ReadStart::Prepare(p), Direction::Asc) => Some(p),
             (ReadStart::Prepare(p), Direction::Desc) => Some(p),
         };
-        view.page(query, start, head, direction, count)
+        Ok((view.page(query, start, head, direction, count)?, head))
     }
 
     /// The newest event per criterion, all from one snapshot (G2), and the context

@@ -1,0 +1,343 @@
+//! Authentication and authorisation (A1–A4).
+//!
+//! Credentials are either HTTP Basic or a session token (`x-auth-token`). Tokens are
+//! stateless: `base64url(user_id:generation:expiry).base64url(HMAC-SHA256)` under a random
+//! key kept in the replicated catalog, so any node can verify a token any other node
+//! issued. A token is valid while unexpired, while its user exists and while the user's
+//! credential generation (bumped by every password change) matches: deleting a user or
+//! changing a password revokes its tokens at once.
+//!
+//! Passwords are stored as argon2id PHC strings. Verifying one costs tens of milliseconds
+//! by design, so a successful Basic login is remembered under the SHA-256 of
+//! `username:password` (never the password itself) together with the credential generation
+//! it was verified against; a password change invalidates the entry.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use argon2::password_hash::rand_core::OsRng;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use cairn_core::Error;
+use cairn_core::auth::{Role, UserRecord};
+use cairn_store::Store;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+/// Response/request header carrying a session token.
+pub const TOKEN_HEADER: &str = "x-auth-token";
+/// Basic credentials verified recently, remembered to spare argon2 on every request.
+const BASIC_CACHE_CAPACITY: usize = 4096;
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// User id.
+    pub user_id: String,
+    /// Login name.
+    pub username: String,
+    /// Roles.
+    pub roles: Vec<Role>,
+}
+
+impl Principal {
+    fn of(user: &UserRecord) -> Self {
+        Principal {
+            user_id: user.user_id.clone(),
+            username: user.username.clone(),
+            roles: user.roles.clone(),
+        }
+    }
+
+    /// Checks that the caller holds one of `roles` (A3).
+    pub fn require(&self, roles: &[Role], what: &str) -> Result<(), Error> {
+        if self.roles.iter().any(|r| roles.contains(r)) {
+            Ok(())
+        } else {
+            let names: Vec<&str> = roles.iter().map(Role::as_str).collect();
+            Err(Error::PermissionDenied(format!(
+                "{what} requires role {}; user \"{}\" has {}",
+                names.join(" or "),
+                self.username,
+                if self.roles.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.roles.iter().map(Role::as_str).collect::<Vec<_>>().join(", ")
+                }
+            )))
+        }
+    }
+}
+
+/// Roles a gRPC method needs (A3); `None` = any authenticated user.
+pub fn required_roles(path: &str) -> Option<&'static [Role]> {
+    const WRITERS: &[Role] = &[Role::Admin, Role::Operations];
+    const ADMINS: &[Role] = &[Role::Admin];
+    let method = path.rsplit('/').next().unwrap_or_default();
+    let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+    match (service, method) {
+        ("orisun.EventStore", "SaveEvents" | "SaveEventsV2") => Some(WRITERS),
+        ("orisun.EventStore", "CreateIndex" | "DropIndex") => Some(ADMINS),
+        ("orisun.EventStore", "ListIndexes" | "GetIndex") => Some(WRITERS),
+        (
+            "orisun.Admin",
+            "CreateBoundary" | "CreateUser" | "DeleteUser" | "ListUsers" | "ValidateCredentials"
+            | "GetUserCount",
+        ) => Some(ADMINS),
+        _ => None,
+    }
+}
+
+/// True for methods served without credentials (A1).
+pub fn is_public(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/")
+}
+
+/// Hashes a password (argon2id, random salt). CPU-heavy: call from `spawn_blocking`.
+pub fn hash_password(password: &str) -> Result<String, Error> {
+    let salt = SaltString::generate(&mut OsRng);
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| Error::internal(format!("failed to hash password: {e}")))
+}
+
+/// Checks a password against a PHC hash. CPU-heavy: call from `spawn_blocking`.
+pub fn verify_password(hash: &str, password: &str) -> bool {
+    PasswordHash::new(hash)
+        .map(|parsed| {
+            Argon2::default()
+                .verify_password(password.as_bytes(), &parsed)
+                .is_ok()
+        })
+        .unwrap_or(false)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Verifies credentials and issues tokens.
+pub struct Authenticator {
+    store: Store,
+    token_ttl: Duration,
+    basic_cache: Mutex<HashMap<[u8; 32], (String, u64)>>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator").finish_non_exhaustive()
+    }
+}
+
+/// Why authentication failed (metric label and message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No credentials at all.
+    Missing,
+    /// Malformed header.
+    Malformed,
+    /// Wrong user or password.
+    BadPassword,
+    /// Token expired, forged, or revoked.
+    BadToken,
+}
+
+impl AuthFailure {
+    /// Metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing",
+            AuthFailure::Malformed => "malformed",
+            AuthFailure::BadPassword => "bad_password",
+            AuthFailure::BadToken => "bad_token",
+        }
+    }
+
+    fn message(&self) -> &'static str {
+        match self {
+            AuthFailure::Missing => {
+                "credentials required: send \"authorization: Basic <base64(user:password)>\" or \"x-auth-token: <token>\""
+            }
+            AuthFailure::Malformed => "malformed authorization header: expected Basic credentials",
+            AuthFailure::BadPassword => "invalid username or password",
+            AuthFailure::BadToken => "invalid or expired session token",
+        }
+    }
+}
+
+impl From<AuthFailure> for Error {
+    fn from(f: AuthFailure) -> Self {
+        Error::Unauthenticated(f.message().to_string())
+    }
+}
+
+impl Authenticator {
+    /// An authenticator reading users and the token key from `store`'s catalog.
+    pub fn new(store: Store, token_ttl: Duration) -> Self {
+        Authenticator {
+            store,
+            token_ttl,
+            basic_cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn token_key(&self) -> Result<Vec<u8>, Error> {
+        self.store
+            .with_catalog(|c| c.token_key.clone())
+            .ok_or_else(|| Error::Unavailable("node is still starting: no token key yet".into()))
+    }
+
+    fn mac(key: &[u8], payload: &[u8]) -> Result<Vec<u8>, Error> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(key)
+            .map_err(|e| Error::internal(format!("bad token key: {e}")))?;
+        mac.update(payload);
+        Ok(mac.finalize().into_bytes().to_vec())
+    }
+
+    /// A fresh session token for `principal`, valid for the configured TTL.
+    pub fn issue_token(&self, principal: &Principal) -> Result<String, Error> {
+        let generation = self
+            .store
+            .with_catalog(|c| c.users.get(&principal.user_id).map(|u| u.credential_generation))
+            .ok_or_else(|| Error::Unauthenticated("user no longer exists".into()))?;
+        let expiry = now_secs() + self.token_ttl.as_secs();
+        let payload = format!("{}:{generation}:{expiry}", principal.user_id);
+        let mac = Self::mac(&self.token_key()?, payload.as_bytes())?;
+        Ok(format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(payload),
+            URL_SAFE_NO_PAD.encode(mac)
+        ))
+    }
+
+    fn verify_token(&self, token: &str) -> Result<Principal, Error> {
+        let bad = || Error::from(AuthFailure::BadToken);
+        let (payload_b64, mac_b64) = token.trim().split_once('.').ok_or_else(bad)?;
+        let payload = URL_SAFE_NO_PAD.decode(payload_b64).map_err(|_| bad())?;
+        let mac = URL_SAFE_NO_PAD.decode(mac_b64).map_err(|_| bad())?;
+        let mut verifier = Hmac::<Sha256>::new_from_slice(&self.token_key()?)
+            .map_err(|e| Error::internal(format!("bad token key: {e}")))?;
+        verifier.update(&payload);
+        verifier.verify_slice(&mac).map_err(|_| bad())?;
+        let payload = String::from_utf8(payload).map_err(|_| bad())?;
+        let mut parts = payload.split(':');
+        let (Some(user_id), Some(generation), Some(expiry), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let generation: u64 = generation.parse().map_err(|_| bad())?;
+        let expiry: u64 = expiry.parse().map_err(|_| bad())?;
+        if expiry <= now_secs() {
+            return Err(bad());
+        }
+        self.store.with_catalog(|c| match c.users.get(user_id) {
+            Some(user) if user.credential_generation == generation => Ok(Principal::of(user)),
+            _ => Err(bad()),
+        })
+    }
+
+    async fn verify_basic(&self, header: &str) -> Result<Principal, (Error, AuthFailure)> {
+        let fail = |f: AuthFailure| (Error::from(f), f);
+        let encoded = header
+            .strip_prefix("Basic ")
+            .or_else(|| header.strip_prefix("basic "))
+            .ok_or_else(|| fail(AuthFailure::Malformed))?;
+        let decoded = STANDARD
+            .decode(encoded.trim())
+            .map_err(|_| fail(AuthFailure::Malformed))?;
+        let decoded = String::from_utf8(decoded).map_err(|_| fail(AuthFailure::Malformed))?;
+        let (username, password) = decoded
+            .split_once(':')
+            .ok_or_else(|| fail(AuthFailure::Malformed))?;
+        let fingerprint: [u8; 32] = Sha256::digest(decoded.as_bytes()).into();
+
+        let user = self
+            .store
+            .with_catalog(|c| c.user_by_name(username).cloned())
+            .ok_or_else(|| fail(AuthFailure::BadPassword))?;
+        let cached = self
+            .basic_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fingerprint)
+            .cloned();
+        if cached == Some((user.user_id.clone(), user.credential_generation)) {
+            return Ok(Principal::of(&user));
+        }
+        let ok = self
+            .check_password(&user, password)
+            .await
+            .map_err(|e| (e, AuthFailure::BadPassword))?;
+        if !ok {
+            return Err(fail(AuthFailure::BadPassword));
+        }
+        let mut cache = self.basic_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= BASIC_CACHE_CAPACITY {
+            cache.clear();
+        }
+        cache.insert(fingerprint, (user.user_id.clone(), user.credential_generation));
+        Ok(Principal::of(&user))
+    }
+
+    /// Authenticates a request from its headers (A1): a valid token wins; otherwise Basic.
+    pub async fn authenticate(
+        &self,
+        headers: &http::HeaderMap,
+    ) -> Result<Principal, (Error, AuthFailure)> {
+        let token = headers.get(TOKEN_HEADER).map(|v| v.to_str().unwrap_or_default());
+        let basic = headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.to_str().unwrap_or_default());
+        let token_result = token.map(|t| self.verify_token(t));
+        match (token_result, basic) {
+            (Some(Ok(p)), _) => Ok(p),
+            (_, Some(basic)) => self.verify_basic(basic).await,
+            (Some(Err(e)), None) => Err((e, AuthFailure::BadToken)),
+            (None, None) => Err((AuthFailure::Missing.into(), AuthFailure::Missing)),
+        }
+    }
+
+    /// Checks a user's current password (ChangePassword, ValidateCredentials).
+    pub async fn check_password(&self, user: &UserRecord, password: &str) -> Result<bool, Error> {
+        let hash = user.password_hash.clone();
+        let password = password.to_string();
+        tokio::task::spawn_blocking(move || verify_password(&hash, &password))
+            .await
+            .map_err(|e| Error::internal(format!("password check task failed: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_roles() {
+        assert_eq!(
+            required_roles("/orisun.EventStore/SaveEventsV2"),
+            Some(&[Role::Admin, Role::Operations][..])
+        );
+        assert_eq!(required_roles("/orisun.EventStore/CreateIndex"), Some(&[Role::Admin][..]));
+        assert_eq!(required_roles("/orisun.EventStore/GetEvents"), None);
+        assert_eq!(required_roles("/orisun.Admin/ChangePassword"), None);
+        assert!(is_public("/grpc.health.v1.Health/Check"));
+        assert!(!is_public("/orisun.EventStore/Ping"));
+    }
+
+    #[test]
+    fn password_hashes_verify_and_are_not_plaintext() {
+        let hash = hash_password("s3cret").expect("hash");
+        assert!(hash.starts_with("$argon2id$"));
+        assert!(!hash.contains("s3cret"));
+        assert!(verify_password(&hash, "s3cret"));
+        assert!(!verify_password(&hash, "wrong"));
+        assert!(!verify_password("not a hash", "s3cret"));
+    }
+}

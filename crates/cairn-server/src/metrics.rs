@@ -1,0 +1,300 @@
+//! The node's Prometheus metrics: one registry, families registered at start-up and passed
+//! down. Labels come from enums (gRPC codes, auth failure kinds), never from free text.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+use tonic::Code;
+
+/// Label value of a gRPC code (the canonical upper-case names).
+pub fn code_label(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Metric families of a node.
+pub struct Metrics {
+    registry: Registry,
+    /// gRPC requests by method and code.
+    pub grpc_requests: IntCounterVec,
+    /// gRPC request duration by method (seconds).
+    pub grpc_duration: HistogramVec,
+    /// Committed writes per boundary.
+    pub writes_committed: IntCounterVec,
+    /// Committed events per boundary.
+    pub events_committed: IntCounterVec,
+    /// CCC conflicts per boundary.
+    pub conflicts: IntCounterVec,
+    /// Authentication failures by kind.
+    pub auth_failures: IntCounterVec,
+    /// Open subscriptions.
+    pub subscriptions_active: IntGauge,
+    /// Events delivered to subscribers.
+    pub subscription_events: IntCounter,
+    /// Raft proposal latency (propose → applied), seconds.
+    pub raft_write_duration: Histogram,
+    /// Current Raft term.
+    pub raft_term: IntGauge,
+    /// 1 while this node leads.
+    pub raft_is_leader: IntGauge,
+    /// Leader changes seen.
+    pub raft_leader_changes: IntCounter,
+    /// Index of the last entry in this node's Raft log.
+    pub raft_last_log_index: IntGauge,
+    /// Index of the last snapshot.
+    pub raft_snapshot_index: IntGauge,
+    /// Last applied log index.
+    pub raft_applied_index: IntGauge,
+    /// Live SST bytes.
+    pub rocksdb_live_sst_bytes: IntGauge,
+    /// Pending compaction bytes.
+    pub rocksdb_pending_compaction_bytes: IntGauge,
+    /// Memtable bytes.
+    pub rocksdb_memtable_bytes: IntGauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// Latency buckets from 100µs to 10s.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+impl Metrics {
+    /// Registers every family in a fresh registry.
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m;
+                registry.register(Box::new(m.clone()))?;
+                m
+            }};
+        }
+        let metrics = Metrics {
+            grpc_requests: reg!(IntCounterVec::new(
+                Opts::new("cairn_grpc_requests_total", "gRPC requests by method and status code"),
+                &["method", "code"]
+            )?),
+            grpc_duration: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "cairn_grpc_request_duration_seconds",
+                    "gRPC request duration by method (streams: until the stream is set up)"
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["method"]
+            )?),
+            writes_committed: reg!(IntCounterVec::new(
+                Opts::new("cairn_writes_committed_total", "Committed writes (SaveEvents*) per boundary"),
+                &["boundary"]
+            )?),
+            events_committed: reg!(IntCounterVec::new(
+                Opts::new("cairn_events_committed_total", "Committed events per boundary"),
+                &["boundary"]
+            )?),
+            conflicts: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_ccc_conflicts_total",
+                    "Writes rejected because an observed context moved (ALREADY_EXISTS), per boundary"
+                ),
+                &["boundary"]
+            )?),
+            auth_failures: reg!(IntCounterVec::new(
+                Opts::new("cairn_auth_failures_total", "Failed authentications by kind"),
+                &["reason"]
+            )?),
+            subscriptions_active: reg!(IntGauge::new(
+                "cairn_subscriptions_active",
+                "Open catch-up subscriptions"
+            )?),
+            subscription_events: reg!(IntCounter::new(
+                "cairn_subscription_events_sent_total",
+                "Events delivered to subscribers"
+            )?),
+            raft_write_duration: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "cairn_raft_write_duration_seconds",
+                    "Time from proposing a command to its application"
+                )
+                .buckets(LATENCY_BUCKETS.to_vec())
+            )?),
+            raft_term: reg!(IntGauge::new("cairn_raft_term", "Current Raft term")?),
+            raft_is_leader: reg!(IntGauge::new("cairn_raft_is_leader", "1 if this node is the leader")?),
+            raft_leader_changes: reg!(IntCounter::new(
+                "cairn_raft_leader_changes_total",
+                "Leader changes observed by this node"
+            )?),
+            raft_last_log_index: reg!(IntGauge::new(
+                "cairn_raft_last_log_index",
+                "Index of the last entry in this node's Raft log"
+            )?),
+            raft_snapshot_index: reg!(IntGauge::new(
+                "cairn_raft_snapshot_index",
+                "Last log index covered by this node's latest snapshot"
+            )?),
+            raft_applied_index: reg!(IntGauge::new(
+                "cairn_raft_applied_index",
+                "Last Raft log index applied to the state machine"
+            )?),
+            rocksdb_live_sst_bytes: reg!(IntGauge::new(
+                "cairn_rocksdb_live_sst_bytes",
+                "Bytes in live RocksDB SST files"
+            )?),
+            rocksdb_pending_compaction_bytes: reg!(IntGauge::new(
+                "cairn_rocksdb_pending_compaction_bytes",
+                "RocksDB's estimate of bytes compaction must rewrite"
+            )?),
+            rocksdb_memtable_bytes: reg!(IntGauge::new(
+                "cairn_rocksdb_memtable_bytes",
+                "Bytes in RocksDB memtables"
+            )?),
+            registry,
+        };
+        #[cfg(target_os = "linux")]
+        metrics
+            .registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        Ok(metrics)
+    }
+
+    /// The text exposition of every family.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!("failed to encode metrics: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Starts timing a request; the timer records when dropped or finished.
+    pub fn request(self: &Arc<Self>, method: &'static str) -> RequestTimer {
+        RequestTimer {
+            metrics: self.clone(),
+            method,
+            start: Instant::now(),
+            code: None,
+        }
+    }
+}
+
+/// Known gRPC methods, so that the method label has bounded cardinality whatever paths
+/// clients send.
+const KNOWN_METHODS: &[&str] = &[
+    "/orisun.EventStore/SaveEvents",
+    "/orisun.EventStore/SaveEventsV2",
+    "/orisun.EventStore/GetWriteContext",
+    "/orisun.EventStore/GetEvents",
+    "/orisun.EventStore/GetLatestByCriteria",
+    "/orisun.EventStore/CatchUpSubscribeToEvents",
+    "/orisun.EventStore/Ping",
+    "/orisun.EventStore/GetServerInfo",
+    "/orisun.EventStore/CreateIndex",
+    "/orisun.EventStore/DropIndex",
+    "/orisun.EventStore/ListIndexes",
+    "/orisun.EventStore/GetIndex",
+    "/orisun.Admin/CreateBoundary",
+    "/orisun.Admin/ListBoundaries",
+    "/orisun.Admin/GetBoundary",
+    "/orisun.Admin/CreateUser",
+    "/orisun.Admin/DeleteUser",
+    "/orisun.Admin/ChangePassword",
+    "/orisun.Admin/ListUsers",
+    "/orisun.Admin/ValidateCredentials",
+    "/orisun.Admin/GetUserCount",
+    "/orisun.Admin/GetEventCount",
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+/// The method label of a request path: `Service/Method` for known methods, else `unknown`.
+pub fn method_label(path: &str) -> &'static str {
+    KNOWN_METHODS
+        .iter()
+        .find(|m| **m == path)
+        .map_or("unknown", |m| m.trim_start_matches('/'))
+}
+
+/// Records one request's duration and code when dropped (an unfinished timer counts as
+/// CANCELLED: the client went away mid-request).
+pub struct RequestTimer {
+    metrics: Arc<Metrics>,
+    method: &'static str,
+    start: Instant,
+    code: Option<Code>,
+}
+
+impl RequestTimer {
+    /// Sets the outcome; recorded when the timer is dropped.
+    pub fn set_code(&mut self, code: Code) {
+        self.code = Some(code);
+    }
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        let code = self.code.unwrap_or(Code::Cancelled);
+        self.metrics
+            .grpc_requests
+            .with_label_values(&[self.method, code_label(code)])
+            .inc();
+        self.metrics
+            .grpc_duration
+            .with_label_values(&[self.method])
+            .observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_labels_are_bounded() {
+        assert_eq!(method_label("/orisun.EventStore/SaveEventsV2"), "orisun.EventStore/SaveEventsV2");
+        assert_eq!(method_label("/evil/\u{0}"), "unknown");
+    }
+
+    #[test]
+    fn timer_counts_on_drop() {
+        let m = Arc::new(Metrics::new().expect("registry"));
+        {
+            let mut t = m.request("orisun.EventStore/Ping");
+            t.set_code(Code::Ok);
+        }
+        drop(m.request("orisun.EventStore/Ping"));
+        assert_eq!(m.grpc_requests.with_label_values(&["orisun.EventStore/Ping", "OK"]).get(), 1);
+        assert_eq!(
+            m.grpc_requests.with_label_values(&["orisun.EventStore/Ping", "CANCELLED"]).get(),
+            1
+        );
+        assert!(m.render().contains("cairn_grpc_request_duration_seconds_bucket"));
+    }
+}

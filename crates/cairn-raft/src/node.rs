@@ -20,6 +20,8 @@ use crate::{Raft, RaftError};
 pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
 /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
 pub const LOG_ENTRIES_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
+/// Interval between attempts to open a locked data directory.
+const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// How long start-up waits for this node to lead its one-node group.
 pub const LEADERSHIP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -36,6 +38,9 @@ pub struct NodeOptions {
     pub snapshot_every_entries: u64,
     /// RocksDB tuning.
     pub store: StoreOptions,
+    /// How long to wait for the data directory while another process holds it (e.g. the
+    /// previous instance of this node is still shutting down).
+    pub lock_wait: Duration,
 }
 
 /// Per-boundary `watch` channels of the head (number of events), so subscriptions sleep
@@ -77,6 +82,34 @@ impl HeadWatch {
     }
 }
 
+/// Opens the store, waiting up to `lock_wait` while another process holds the directory.
+async fn open_store(opts: &NodeOptions) -> Result<Store, RaftError> {
+    let deadline = tokio::time::Instant::now() + opts.lock_wait;
+    let mut warned = false;
+    loop {
+        let db_dir = opts.data_dir.join("db");
+        let store_opts = opts.store.clone();
+        let opened = tokio::task::spawn_blocking(move || Store::open(&db_dir, &store_opts))
+            .await
+            .map_err(|e| RaftError::Fatal(format!("storage open task failed: {e}")))?;
+        match opened {
+            Ok(store) => return Ok(store),
+            Err(e) if e.is_locked() && tokio::time::Instant::now() < deadline => {
+                if !warned {
+                    tracing::warn!(
+                        "data directory {} is locked by another process; waiting up to {}s for it",
+                        opts.data_dir.display(),
+                        opts.lock_wait.as_secs()
+                    );
+                    warned = true;
+                }
+                tokio::time::sleep(LOCK_RETRY_INTERVAL).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// A running Raft node with its store.
 #[derive(Clone)]
 pub struct RaftNode {
@@ -96,11 +129,7 @@ impl RaftNode {
     /// Opens storage and starts openraft. On first start the node initialises a one-node
     /// group; on restart it reuses the persisted membership. Returns once it leads.
     pub async fn start(opts: NodeOptions) -> Result<RaftNode, RaftError> {
-        let db_dir = opts.data_dir.join("db");
-        let store_opts = opts.store.clone();
-        let store = tokio::task::spawn_blocking(move || Store::open(&db_dir, &store_opts))
-            .await
-            .map_err(|e| RaftError::Fatal(format!("storage open task failed: {e}")))??;
+        let store = open_store(&opts).await?;
         let heads = HeadWatch::default();
         let log_store = LogStore::new(store.db().clone());
         let sm = StateMachine::new(store.clone(), opts.data_dir.join("snapshots"), heads.clone())?;

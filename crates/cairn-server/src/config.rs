@@ -34,6 +34,8 @@ pub mod defaults {
     pub const SNAPSHOT_EVERY_ENTRIES: u64 = cairn_raft::DEFAULT_SNAPSHOT_EVERY_ENTRIES;
     /// RocksDB block cache.
     pub const BLOCK_CACHE_MB: usize = 256;
+    /// Time allowed for another process to release the data directory at start-up.
+    pub const LOCK_WAIT_SECS: u64 = 30;
     /// Time allowed for in-flight requests to finish at shutdown.
     pub const SHUTDOWN_GRACE_SECS: u64 = 30;
     /// Subscription lease lifetime (S1).
@@ -119,6 +121,10 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_BLOCK_CACHE_MB", default_value_t = defaults::BLOCK_CACHE_MB)]
     pub block_cache_mb: usize,
 
+    /// Seconds to wait at start-up while another process holds the data directory.
+    #[arg(long, env = "CAIRN_LOCK_WAIT_SECS", default_value_t = defaults::LOCK_WAIT_SECS)]
+    pub lock_wait_secs: u64,
+
     /// Seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cut off.
     #[arg(long, env = "CAIRN_SHUTDOWN_GRACE_SECS", default_value_t = defaults::SHUTDOWN_GRACE_SECS)]
     pub shutdown_grace_secs: u64,
@@ -159,6 +165,8 @@ pub struct ServeConfig {
     pub snapshot_every_entries: u64,
     /// Block cache bytes.
     pub block_cache_bytes: usize,
+    /// Wait for a locked data directory.
+    pub lock_wait: Duration,
     /// Shutdown grace.
     pub shutdown_grace: Duration,
     /// Subscription lease TTL.
@@ -223,6 +231,7 @@ impl ServeArgs {
             max_message_bytes: self.max_message_bytes,
             snapshot_every_entries: self.snapshot_every_entries,
             block_cache_bytes: self.block_cache_mb * 1024 * 1024,
+            lock_wait: Duration::from_secs(self.lock_wait_secs),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             lease_ttl: Duration::from_secs(defaults::LEASE_TTL_SECS),
             lease_renew: Duration::from_secs(defaults::LEASE_RENEW_SECS),
@@ -246,6 +255,7 @@ impl ServeConfig {
             max_message_bytes: defaults::MAX_MESSAGE_BYTES,
             snapshot_every_entries: defaults::SNAPSHOT_EVERY_ENTRIES,
             block_cache_bytes: 32 * 1024 * 1024,
+            lock_wait: Duration::from_secs(defaults::LOCK_WAIT_SECS),
             shutdown_grace: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(defaults::LEASE_TTL_SECS),
             lease_renew: Duration::from_secs(defaults::LEASE_RENEW_SECS),

@@ -13,4 +13,4 @@ pub mod state;
 pub mod subscription;
 
 pub use config::{Cli, ServeArgs, ServeConfig};
-pub use server::{RunningServer, ServerError, start};
+pub use server::{RunningServer, ServerError, start, start_on};

@@ -170,17 +170,28 @@ fn spawn_raft_metrics(node: Arc<NodeState>) -> JoinHandle<()> {
     })
 }
 
-/// Starts a node and returns once it serves.
+/// Starts a node on the configured addresses and returns once it serves.
 pub async fn start(config: ServeConfig) -> Result<RunningServer, ServerError> {
+    let grpc_listener = bind(config.listen).await?;
+    let http_listener = bind(config.http_listen).await?;
+    start_on(config, grpc_listener, http_listener).await
+}
+
+/// Starts a node on already-bound listeners (the configured addresses are ignored) and
+/// returns once it serves. Clients may connect as soon as this is called: until storage
+/// and Raft are up, health reports NOT_SERVING and other calls UNAVAILABLE.
+pub async fn start_on(
+    config: ServeConfig,
+    grpc_listener: TcpListener,
+    http_listener: TcpListener,
+) -> Result<RunningServer, ServerError> {
     let metrics = Arc::new(Metrics::new()?);
     let ready: Ready = Arc::new(OnceLock::new());
     let serving = Arc::new(AtomicBool::new(false));
 
-    let grpc_listener = bind(config.listen).await?;
     let grpc_addr = grpc_listener
         .local_addr()
         .map_err(|source| ServerError::Bind { addr: config.listen, source })?;
-    let http_listener = bind(config.http_listen).await?;
     let http_addr = http_listener
         .local_addr()
         .map_err(|source| ServerError::Bind { addr: config.http_listen, source })?;
@@ -240,6 +251,7 @@ pub async fn start(config: ServeConfig) -> Result<RunningServer, ServerError> {
             store: StoreOptions {
                 block_cache_bytes: config.block_cache_bytes,
             },
+            lock_wait: config.lock_wait,
         })
         .await?;
         let node = Arc::new(NodeState {

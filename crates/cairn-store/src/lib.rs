@@ -102,6 +102,14 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// True when the database is locked by another process (or another handle in this
+    /// one): the previous owner of the data directory is still running.
+    pub fn is_locked(&self) -> bool {
+        matches!(self, StoreError::Rocks(e) if e.kind() == rocksdb::ErrorKind::IOError && e.to_string().contains("LOCK"))
+    }
+}
+
 impl From<StoreError> for cairn_core::Error {
     fn from(e: StoreError) -> Self {
         cairn_core::Error::Internal(format!("storage failure: {e}"))

@@ -1,0 +1,318 @@
+use cairn_tests::orisun as pb;
+use cairn_tests::*;
+use tonic::Code;
+
+#[tokio::test]
+async fn a1_requests_without_valid_credentials_are_unauthenticated() {
+    let server = TestServer::start().await;
+    for credentials in [
+        Credentials::none(),
+        Credentials::basic("admin", "wrong"),
+        Credentials::basic("nobody", "changeit"),
+        Credentials::token("forged.token"),
+    ] {
+        let mut c = server.client_with(credentials);
+        let status = c.es.ping(pb::PingRequest {}).await.expect_err("rejected");
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        let status = c
+            .admin
+            .list_boundaries(pb::ListBoundariesRequest {})
+            .await
+            .expect_err("rejected");
+        assert_eq!(status.code(), Code::Unauthenticated);
+    }
+}
+
+#[tokio::test]
+async fn a1_health_needs_no_credentials() {
+    let server = TestServer::start().await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel());
+    let response = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health without credentials");
+    assert_eq!(
+        response.into_inner().status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+#[tokio::test]
+async fn a1_basic_login_returns_a_session_token_that_authenticates_and_slides() {
+    let server = TestServer::start().await;
+    let response = server
+        .client()
+        .es
+        .ping(pb::PingRequest {})
+        .await
+        .expect("basic works");
+    let token = response
+        .metadata()
+        .get("x-auth-token")
+        .expect("token header")
+        .to_str()
+        .expect("ascii")
+        .to_string();
+    let mut with_token = server.client_with(Credentials::token(&token));
+    let response = with_token.es.ping(pb::PingRequest {}).await.expect("token works");
+    assert!(response.metadata().get("x-auth-token").is_some(), "token responses carry a fresh token");
+    // Errors of authenticated requests carry the header too.
+    let status = with_token
+        .save("nope", vec![event("T", "{}")], vec![])
+        .await
+        .expect_err("unknown boundary");
+    assert!(status.metadata().get("x-auth-token").is_some());
+}
+
+#[tokio::test]
+async fn a2_roles_are_exactly_admin_and_operations() {
+    let server = TestServer::start().await;
+    let mut c = server.client();
+    for bad in [vec!["READER"], vec!["admin"], vec!["ADMIN", "SUPERUSER"]] {
+        let status = c
+            .admin
+            .create_user(pb::CreateUserRequest {
+                name: "x".into(),
+                username: "x".into(),
+                password: "pw".into(),
+                roles: bad.iter().map(|s| s.to_string()).collect(),
+            })
+            .await
+            .expect_err("bad role");
+        assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}");
+    }
+    let users = c.admin.list_users(pb::ListUsersRequest {}).await.expect("list").into_inner().users;
+    assert_eq!(users.len(), 1, "nothing was created");
+    assert_eq!(users[0].username, "admin");
+    assert_eq!(users[0].roles, vec!["ADMIN"]);
+}
+
+#[tokio::test]
+async fn a3_roles_gate_writes_indexes_and_administration() {
+    let server = TestServer::start().await;
+    server.create_user("ops", "ops-pw", &["OPERATIONS"]).await;
+    server.create_user("reader", "reader-pw", &[]).await;
+    let mut ops = server.client_with(Credentials::basic("ops", "ops-pw"));
+    let mut reader = server.client_with(Credentials::basic("reader", "reader-pw"));
+    let index = || pb::CreateIndexRequest {
+        boundary: "default".into(),
+        name: "by_type".into(),
+        fields: vec![pb::IndexField {
+            json_key: "eventType".into(),
+            value_type: pb::ValueType::Text as i32,
+        }],
+        ..Default::default()
+    };
+
+    // Reader: reads, Ping, GetServerInfo, subscriptions; no writes, no index reads.
+    let denied = reader.save("default", vec![event("T", "{}")], vec![]).await.expect_err("no write");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    reader.read_all("default").await;
+    reader.es.ping(pb::PingRequest {}).await.expect("ping");
+    reader.es.get_server_info(pb::GetServerInfoRequest {}).await.expect("info");
+    let denied = reader
+        .es
+        .list_indexes(pb::ListIndexesRequest { boundary: "default".into() })
+        .await
+        .expect_err("no index list");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+
+    // Operations: writes and index reads, not index changes or administration.
+    ops.save("default", vec![event("T", "{}")], vec![]).await.expect("ops writes");
+    ops.es
+        .list_indexes(pb::ListIndexesRequest { boundary: "default".into() })
+        .await
+        .expect("ops lists indexes");
+    assert_eq!(ops.es.create_index(index()).await.expect_err("no create").code(), Code::PermissionDenied);
+    let denied = ops
+        .admin
+        .create_boundary(pb::CreateBoundaryRequest { name: "b2".into(), ..Default::default() })
+        .await
+        .expect_err("no admin");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    assert_eq!(
+        ops.admin.list_users(pb::ListUsersRequest {}).await.expect_err("no users").code(),
+        Code::PermissionDenied
+    );
+
+    // Admin: everything.
+    server.client().es.create_index(index()).await.expect("admin creates index");
+}
+
+fn files_contain(dir: &std::path::Path, needle: &[u8]) -> bool {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("dir") {
+                stack.push(entry.expect("entry").path());
+            }
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            if bytes.windows(needle.len()).any(|w| w == needle) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn a3_passwords_are_stored_hashed() {
+    let server = TestServer::start().await;
+    let secret = "plaintext-secret-7f3a9c";
+    server.create_user("alice", secret, &["OPERATIONS"]).await;
+    let dir = server.stop().await;
+    assert!(
+        !files_contain(dir.path(), secret.as_bytes()),
+        "the password appears in clear in the data directory"
+    );
+    assert!(files_contain(dir.path(), b"$argon2id$"), "an argon2id hash is stored");
+}
+
+async fn token_of(server: &TestServer, user: &str, password: &str) -> String {
+    server
+        .client_with(Credentials::basic(user, password))
+        .es
+        .ping(pb::PingRequest {})
+        .await
+        .expect("login")
+        .metadata()
+        .get("x-auth-token")
+        .expect("token")
+        .to_str()
+        .expect("ascii")
+        .to_string()
+}
+
+#[tokio::test]
+async fn a3_password_change_revokes_tokens() {
+    let server = TestServer::start().await;
+    let id = server.create_user("bob", "old-pw", &["OPERATIONS"]).await;
+    let token = token_of(&server, "bob", "old-pw").await;
+    let mut bob = server.client_with(Credentials::basic("bob", "old-pw"));
+    let changed = bob
+        .admin
+        .change_password(pb::ChangePasswordRequest {
+            user_id: id,
+            current_password: "old-pw".into(),
+            new_password: "new-pw".into(),
+        })
+        .await
+        .expect("change own password")
+        .into_inner();
+    assert!(changed.success);
+    let old_token = server
+        .client_with(Credentials::token(&token))
+        .es
+        .ping(pb::PingRequest {})
+        .await
+        .expect_err("old token revoked");
+    assert_eq!(old_token.code(), Code::Unauthenticated);
+    let old_pw = bob.es.ping(pb::PingRequest {}).await.expect_err("old password");
+    assert_eq!(old_pw.code(), Code::Unauthenticated);
+    server
+        .client_with(Credentials::basic("bob", "new-pw"))
+        .es
+        .ping(pb::PingRequest {})
+        .await
+        .expect("new password works");
+}
+
+#[tokio::test]
+async fn a3_user_deletion_revokes_tokens() {
+    let server = TestServer::start().await;
+    let id = server.create_user("carol", "pw", &["OPERATIONS"]).await;
+    let token = token_of(&server, "carol", "pw").await;
+    let deleted = server
+        .client()
+        .admin
+        .delete_user(pb::DeleteUserRequest { user_id: id })
+        .await
+        .expect("delete")
+        .into_inner();
+    assert!(deleted.success);
+    for credentials in [Credentials::token(&token), Credentials::basic("carol", "pw")] {
+        let status = server
+            .client_with(credentials)
+            .es
+            .ping(pb::PingRequest {})
+            .await
+            .expect_err("revoked");
+        assert_eq!(status.code(), Code::Unauthenticated);
+    }
+}
+
+#[tokio::test]
+async fn a4_user_administration_errors() {
+    let server = TestServer::start().await;
+    let mut admin = server.client();
+    let users = admin.admin.list_users(pb::ListUsersRequest {}).await.expect("list").into_inner().users;
+    let admin_id = users[0].user_id.clone();
+
+    let own = admin
+        .admin
+        .delete_user(pb::DeleteUserRequest { user_id: admin_id.clone() })
+        .await
+        .expect_err("self");
+    assert_eq!(own.code(), Code::FailedPrecondition);
+    let unknown = admin
+        .admin
+        .delete_user(pb::DeleteUserRequest { user_id: "no-such-user".into() })
+        .await
+        .expect_err("unknown");
+    assert_eq!(unknown.code(), Code::NotFound);
+
+    let dave = server.create_user("dave", "pw", &["ADMIN"]).await;
+    let other = admin
+        .admin
+        .change_password(pb::ChangePasswordRequest {
+            user_id: dave,
+            current_password: "pw".into(),
+            new_password: "x".into(),
+        })
+        .await
+        .expect_err("someone else's password");
+    assert_eq!(other.code(), Code::PermissionDenied);
+    let wrong = admin
+        .admin
+        .change_password(pb::ChangePasswordRequest {
+            user_id: admin_id,
+            current_password: "not-changeit".into(),
+            new_password: "x".into(),
+        })
+        .await
+        .expect_err("wrong current");
+    assert_eq!(wrong.code(), Code::Unauthenticated);
+    // Nothing changed: the admin still logs in with the old password.
+    server.client().es.ping(pb::PingRequest {}).await.expect("unchanged");
+
+    let count = admin.admin.get_user_count(pb::GetUserCountRequest {}).await.expect("count");
+    assert_eq!(count.into_inner().count, 2);
+    let valid = admin
+        .admin
+        .validate_credentials(pb::ValidateCredentialsRequest { username: "dave".into(), password: "pw".into() })
+        .await
+        .expect("validate")
+        .into_inner();
+    assert!(valid.success);
+    assert_eq!(valid.user.expect("user").username, "dave");
+    let invalid = admin
+        .admin
+        .validate_credentials(pb::ValidateCredentialsRequest { username: "dave".into(), password: "no".into() })
+        .await
+        .expect("validate")
+        .into_inner();
+    assert!(!invalid.success && invalid.user.is_none());
+    let duplicate = admin
+        .admin
+        .create_user(pb::CreateUserRequest {
+            name: "d".into(),
+            username: "dave".into(),
+            password: "pw".into(),
+            roles: vec![],
+        })
+        .await
+        .expect_err("duplicate username");
+    assert_eq!(duplicate.code(), Code::AlreadyExists);
+}

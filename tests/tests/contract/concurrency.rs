@@ -1,0 +1,157 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cairn_tests::orisun as pb;
+use cairn_tests::*;
+use tokio::sync::Barrier;
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn c3_sixteen_racers_on_one_context_exactly_one_wins_per_round() {
+    const CLIENTS: usize = 16;
+    const ROUNDS: usize = 20;
+    let server = TestServer::start().await;
+    let context = query(vec![criterion(&[("counter", "c1")])]);
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(server.new_connection(Credentials::basic("admin", "changeit")).await);
+    }
+    let mut observed = none_pos();
+    for round in 0..ROUNDS {
+        let barrier = Arc::new(Barrier::new(CLIENTS));
+        let mut tasks = Vec::new();
+        for (i, c) in clients.iter().enumerate() {
+            let mut c = c.clone();
+            let barrier = barrier.clone();
+            let obs = observe(context.clone(), observed);
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                c.save(
+                    "default",
+                    vec![event("Incremented", &format!(r#"{{"counter":"c1","by":{i}}}"#))],
+                    vec![obs],
+                )
+                .await
+            }));
+        }
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.expect("task") {
+                Ok(r) => winners.push(r),
+                Err(status) => {
+                    assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+                    assert!(status.message().starts_with("OptimisticConcurrencyException"));
+                }
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one commit");
+        observed = winners[0].log_position.expect("position");
+    }
+    let all = server.client().read_all("default").await;
+    assert_eq!(all.len(), ROUNDS, "one event per round, nothing else");
+}
+
+/// The seed scenario: accounts opened with a balance; concurrent debits decided from the
+/// latest event of the account's context, committed under that observation, retried on
+/// conflict. No account is ever overdrawn and balances equal the replay of the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn seed_account_scenario_never_overdraws() {
+    const ACCOUNTS: usize = 4;
+    const CLIENTS: usize = 8;
+    const ATTEMPTS_PER_CLIENT: usize = 30;
+    const OPENING_BALANCE: i64 = 100;
+    let server = TestServer::start().await;
+    let mut admin = server.client();
+    for a in 0..ACCOUNTS {
+        admin
+            .save(
+                "default",
+                vec![event("AccountOpened", &format!(r#"{{"accountId":"acc-{a}","balance":{OPENING_BALANCE}}}"#))],
+                vec![],
+            )
+            .await
+            .expect("open");
+    }
+    let context = |a: usize| {
+        vec![
+            criterion(&[("eventType", "AccountOpened"), ("accountId", &format!("acc-{a}"))]),
+            criterion(&[("eventType", "MoneyDebited"), ("scopes.accountOpenedId", &format!("acc-{a}"))]),
+        ]
+    };
+    let mut tasks = Vec::new();
+    for client in 0..CLIENTS {
+        let mut c = server.new_connection(Credentials::basic("admin", "changeit")).await;
+        tasks.push(tokio::spawn(async move {
+            let (mut debits, mut refusals, mut retries) = (0, 0, 0);
+            for attempt in 0..ATTEMPTS_PER_CLIENT {
+                let a = (client + attempt) % ACCOUNTS;
+                let amount = 7 + ((client * 13 + attempt * 5) % 11) as i64;
+                loop {
+                    let latest = c.latest("default", context(a)).await.expect("read context");
+                    let newest = latest
+                        .results
+                        .iter()
+                        .filter_map(|r| r.event.as_ref())
+                        .max_by_key(|e| pair(&e.position))
+                        .expect("account opened");
+                    let data: serde_json::Value = serde_json::from_str(&newest.data).expect("json");
+                    let balance = data["balance"].as_i64().expect("balance");
+                    if balance < amount {
+                        refusals += 1;
+                        break;
+                    }
+                    let debit = event(
+                        "MoneyDebited",
+                        &format!(
+                            r#"{{"scopes.accountOpenedId":"acc-{a}","amount":{amount},"balance":{}}}"#,
+                            balance - amount
+                        ),
+                    );
+                    let observation = observe(query(context(a)), latest.context_position.expect("p"));
+                    match c.save("default", vec![debit], vec![observation]).await {
+                        Ok(_) => {
+                            debits += 1;
+                            break;
+                        }
+                        Err(status) if status.code() == Code::AlreadyExists => retries += 1,
+                        Err(status) => panic!("unexpected {status:?}"),
+                    }
+                }
+            }
+            (debits, refusals, retries)
+        }));
+    }
+    let (mut debits, mut refusals, mut retries) = (0, 0, 0);
+    for t in tasks {
+        let (d, r, x) = t.await.expect("client");
+        debits += d;
+        refusals += r;
+        retries += x;
+    }
+    assert!(retries > 0, "the clients really raced");
+    assert!(refusals > 0, "some debits were refused for lack of funds");
+
+    // Replay the log: balances never go negative and match the last recorded balance.
+    let all = admin.read_all("default").await;
+    let mut balances: BTreeMap<String, i64> = BTreeMap::new();
+    let mut debited = 0;
+    for e in &all {
+        let data: serde_json::Value = serde_json::from_str(&e.data).expect("json");
+        match e.event_type.as_str() {
+            "AccountOpened" => {
+                balances.insert(data["accountId"].as_str().expect("id").into(), OPENING_BALANCE);
+            }
+            "MoneyDebited" => {
+                debited += 1;
+                let account = data["scopes.accountOpenedId"].as_str().expect("scope").to_string();
+                let b = balances.get_mut(&account).expect("opened before debited");
+                *b -= data["amount"].as_i64().expect("amount");
+                assert!(*b >= 0, "{account} overdrawn at {:?}", e.position);
+                assert_eq!(data["balance"].as_i64(), Some(*b), "recorded balance equals replay");
+            }
+            other => panic!("unexpected event {other}"),
+        }
+    }
+    assert_eq!(debited, debits, "every acknowledged debit is in the log, nothing else");
+    let _ = pb::Direction::Asc;
+}

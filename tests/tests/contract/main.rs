@@ -1,0 +1,16 @@
+//! Black-box tests of every rule of `shared/spec/wire-contract.md` §2 against a real server
+//! on 127.0.0.1:0, through tonic clients generated from `proto/orisun`. Each module is named
+//! after the rule group it covers; each test names the rule (A1, C2, …) it proves.
+
+mod auth;
+mod bad_input;
+mod boundaries;
+mod ccc;
+mod concurrency;
+mod events;
+mod indexes;
+mod info;
+mod matching;
+mod positions;
+mod reads;
+mod subscriptions;

@@ -28,7 +28,8 @@ pub struct Credentials {
 impl Credentials {
     /// HTTP Basic.
     pub fn basic(user: &str, password: &str) -> Self {
-        let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        let encoded =
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
         Credentials {
             header: Some((
                 "authorization",
@@ -93,7 +94,10 @@ impl TestServer {
     }
 
     /// Starts a server on an existing data directory.
-    pub async fn start_in(dir: tempfile::TempDir, adjust: impl FnOnce(&mut ServeConfig)) -> TestServer {
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        adjust: impl FnOnce(&mut ServeConfig),
+    ) -> TestServer {
         let mut config = ServeConfig::for_test(dir.path().join("data"));
         adjust(&mut config);
         let server = cairn_server::start(config).await.expect("server starts");

@@ -78,7 +78,9 @@ impl IndexDefinition {
             return Err(Error::invalid("index needs at least one field"));
         }
         if let Some(i) = self.fields.iter().position(|f| f.json_key.is_empty()) {
-            return Err(Error::invalid(format!("index field {i}: json_key is empty")));
+            return Err(Error::invalid(format!(
+                "index field {i}: json_key is empty"
+            )));
         }
         for (i, c) in self.conditions.iter().enumerate() {
             if c.key.is_empty() {

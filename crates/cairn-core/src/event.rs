@@ -50,7 +50,9 @@ impl NewEvent {
             )));
         }
         if raw.event_type.is_empty() {
-            return Err(Error::invalid(format!("event {index}: event_type is empty")));
+            return Err(Error::invalid(format!(
+                "event {index}: event_type is empty"
+            )));
         }
         if raw.event_type.len() > MAX_EVENT_TYPE_BYTES {
             return Err(Error::invalid(format!(
@@ -84,7 +86,9 @@ impl NewEvent {
 /// Validates the events of one write (E1).
 pub fn validate_events(raw: Vec<RawEvent>) -> Result<Vec<NewEvent>, Error> {
     if raw.is_empty() {
-        return Err(Error::invalid("events is empty: a write needs at least one event"));
+        return Err(Error::invalid(
+            "events is empty: a write needs at least one event",
+        ));
     }
     if raw.len() > MAX_EVENTS_PER_WRITE {
         return Err(Error::invalid(format!(
@@ -146,8 +150,8 @@ mod tests {
 
     #[test]
     fn e2_e3_data_is_canonical() {
-        let e = NewEvent::validate(raw("a", "Opened", r#"{"eventType":"X","n":1}"#), 0)
-            .expect("valid");
+        let e =
+            NewEvent::validate(raw("a", "Opened", r#"{"eventType":"X","n":1}"#), 0).expect("valid");
         assert_eq!(e.data, r#"{"n":1}"#);
         assert_eq!(e.metadata, "{}");
         assert_eq!(

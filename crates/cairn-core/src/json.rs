@@ -100,10 +100,16 @@ fn expand_number(lit: &str) -> Option<String> {
     if int_part.is_empty() || !int_part.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    if !frac_part.bytes().all(|b| b.is_ascii_digit()) || (mantissa.contains('.') && frac_part.is_empty()) {
+    if !frac_part.bytes().all(|b| b.is_ascii_digit())
+        || (mantissa.contains('.') && frac_part.is_empty())
+    {
         return None;
     }
-    if exponent == 0 && !lit.contains(['e', 'E']) && !int_part.starts_with("00") && !negative_zero(negative, int_part, frac_part) {
+    if exponent == 0
+        && !lit.contains(['e', 'E'])
+        && !int_part.starts_with("00")
+        && !negative_zero(negative, int_part, frac_part)
+    {
         // Already plain decimal: the common case, no allocation games.
         return Some(strip_leading_zeros(negative, int_part, frac_part));
     }
@@ -114,7 +120,10 @@ fn expand_number(lit: &str) -> Option<String> {
         return None;
     }
     let (int_digits, frac_digits) = if scale <= 0 {
-        (format!("{digits}{}", "0".repeat((-scale) as usize)), String::new())
+        (
+            format!("{digits}{}", "0".repeat((-scale) as usize)),
+            String::new(),
+        )
     } else {
         let scale = scale as usize;
         let padded = if digits.len() <= scale {
@@ -134,7 +143,11 @@ fn negative_zero(negative: bool, int_part: &str, frac_part: &str) -> bool {
 
 fn strip_leading_zeros(negative: bool, int_part: &str, frac_part: &str) -> String {
     let int_trimmed = int_part.trim_start_matches('0');
-    let int_trimmed = if int_trimmed.is_empty() { "0" } else { int_trimmed };
+    let int_trimmed = if int_trimmed.is_empty() {
+        "0"
+    } else {
+        int_trimmed
+    };
     let zero = int_trimmed == "0" && frac_part.bytes().all(|b| b == b'0');
     let sign = if negative && !zero { "-" } else { "" };
     if frac_part.is_empty() {
@@ -186,7 +199,10 @@ mod tests {
         assert!(parse_object("null", &what).expect("null").is_empty());
         assert!(parse_object(" {} ", &what).expect("ws").is_empty());
         let err = parse_object("[1]", &what).expect_err("array");
-        assert_eq!(err.to_string(), "event 0 data must be a JSON object, got an array");
+        assert_eq!(
+            err.to_string(),
+            "event 0 data must be a JSON object, got an array"
+        );
         assert!(parse_object("{", &what).is_err());
         assert!(parse_object("\"x\"", &what).is_err());
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));

@@ -106,7 +106,18 @@ mod tests {
         assert_eq!(parse_write_id("3:2"), Ok(Position::new(3, 2)));
         assert_eq!(parse_write_id("0:0"), Ok(Position::new(0, 0)));
         for bad in [
-            "", ":", "3", "3:", ":2", "03:2", "3:02", "-3:2", "3:2:1", " 3:2", "a:b", "+3:2",
+            "",
+            ":",
+            "3",
+            "3:",
+            ":2",
+            "03:2",
+            "3:02",
+            "-3:2",
+            "3:2:1",
+            " 3:2",
+            "a:b",
+            "+3:2",
             "99999999999999999999:1",
         ] {
             assert!(parse_write_id(bad).is_err(), "{bad:?} accepted");

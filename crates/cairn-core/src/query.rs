@@ -304,11 +304,7 @@ mod tests {
         assert!(Query::of([Criterion::of([("a", "1"), ("b", "2")])]).matches(&scalars));
         assert!(!Query::of([Criterion::of([("a", "1"), ("b", "3")])]).matches(&scalars));
         assert!(
-            Query::of([
-                Criterion::of([("a", "9")]),
-                Criterion::of([("b", "2")])
-            ])
-            .matches(&scalars)
+            Query::of([Criterion::of([("a", "9")]), Criterion::of([("b", "2")])]).matches(&scalars)
         );
     }
 }

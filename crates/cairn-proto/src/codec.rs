@@ -57,7 +57,10 @@ impl<U: Message + Default> Decoder for StrictDecoder<U> {
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         self.inner.decode(buf).map_err(|status| {
             if status.code() == Code::Internal {
-                Status::invalid_argument(format!("malformed protobuf message: {}", status.message()))
+                Status::invalid_argument(format!(
+                    "malformed protobuf message: {}",
+                    status.message()
+                ))
             } else {
                 status
             }

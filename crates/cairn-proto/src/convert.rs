@@ -5,9 +5,7 @@
 
 use cairn_core::auth::UserRecord;
 use cairn_core::boundary::{BoundaryInfo, BoundaryStatus, Placement};
-use cairn_core::command::{
-    Combinator, IndexCondition, IndexDefinition, IndexField, ValueType,
-};
+use cairn_core::command::{Combinator, IndexCondition, IndexDefinition, IndexField, ValueType};
 use cairn_core::event::{RawEvent, StoredEvent};
 use cairn_core::{Criterion, Error, Observation, Position, Query, Tag};
 
@@ -174,7 +172,9 @@ fn value_type_from_wire(v: i32) -> Result<ValueType, Error> {
         Ok(pb::ValueType::Numeric) => Ok(ValueType::Numeric),
         Ok(pb::ValueType::Boolean) => Ok(ValueType::Boolean),
         Ok(pb::ValueType::Timestamptz) => Ok(ValueType::Timestamptz),
-        Err(_) => Err(Error::invalid(format!("value_type {v} is not a known ValueType"))),
+        Err(_) => Err(Error::invalid(format!(
+            "value_type {v} is not a known ValueType"
+        ))),
     }
 }
 

@@ -60,7 +60,8 @@ fn parse_boundary_gate(message: &str) -> Option<String> {
 
 /// Parses `OptimisticConcurrencyException:StreamVersionConflict: Expected (c, p), Actual (c, p)`.
 pub fn parse_conflict(message: &str) -> Option<(Position, Position)> {
-    let rest = message.strip_prefix("OptimisticConcurrencyException:StreamVersionConflict: Expected ")?;
+    let rest =
+        message.strip_prefix("OptimisticConcurrencyException:StreamVersionConflict: Expected ")?;
     let (expected, actual) = rest.split_once(", Actual ")?;
     Some((parse_pair(expected)?, parse_pair(actual)?))
 }

@@ -4,12 +4,15 @@
 //! Every state change goes through [`RaftNode::write`] (openraft `client_write`), so the
 //! leader's log order is the linearization order of every CCC check, on one node or many.
 
+// openraft's storage traits require its `StorageError` (224 bytes) as the error type; our
+// helpers return it unboxed so `?` flows into the trait methods without conversions.
+#![allow(clippy::result_large_err)]
+
 mod codec;
 mod log_store;
 mod network;
 mod node;
 mod state_machine;
-
 
 pub use log_store::LogStore;
 pub use network::SingleNodeNetwork;

@@ -70,7 +70,10 @@ impl LogStore {
         opts
     }
 
-    fn meta_get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
+    fn meta_get<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
         let cf = self
             .db
             .cf_handle(CF_RAFT_META)
@@ -81,7 +84,12 @@ impl LogStore {
         }
     }
 
-    fn meta_put<T: serde::Serialize>(&self, key: &[u8], value: &T, sync: bool) -> Result<(), StorageError> {
+    fn meta_put<T: serde::Serialize>(
+        &self,
+        key: &[u8],
+        value: &T,
+        sync: bool,
+    ) -> Result<(), StorageError> {
         let cf = self
             .db
             .cf_handle(CF_RAFT_META)
@@ -113,7 +121,11 @@ impl LogStore {
         }
     }
 
-    fn read_range(&self, start: u64, end: Option<u64>) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+    fn read_range(
+        &self,
+        start: u64,
+        end: Option<u64>,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
         let cf = self
             .db
             .cf_handle(CF_RAFT_LOG)
@@ -200,10 +212,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError> {
         let this = self.clone();
-        blocking(move || Ok(this.meta_get::<Option<LogId<u64>>>(KEY_COMMITTED)?.flatten())).await
+        blocking(move || {
+            Ok(this
+                .meta_get::<Option<LogId<u64>>>(KEY_COMMITTED)?
+                .flatten())
+        })
+        .await
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,

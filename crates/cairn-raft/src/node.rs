@@ -121,7 +121,9 @@ pub struct RaftNode {
 
 impl std::fmt::Debug for RaftNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RaftNode").field("node_id", &self.node_id).finish()
+        f.debug_struct("RaftNode")
+            .field("node_id", &self.node_id)
+            .finish()
     }
 }
 
@@ -132,7 +134,11 @@ impl RaftNode {
         let store = open_store(&opts).await?;
         let heads = HeadWatch::default();
         let log_store = LogStore::new(store.db().clone());
-        let sm = StateMachine::new(store.clone(), opts.data_dir.join("snapshots"), heads.clone())?;
+        let sm = StateMachine::new(
+            store.clone(),
+            opts.data_dir.join("snapshots"),
+            heads.clone(),
+        )?;
         let config = Config {
             cluster_name: "cairn".to_string(),
             heartbeat_interval: 250,
@@ -143,9 +149,15 @@ impl RaftNode {
             ..Config::default()
         }
         .validate()?;
-        let raft = Raft::new(opts.node_id, Arc::new(config), SingleNodeNetwork, log_store, sm)
-            .await
-            .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        let raft = Raft::new(
+            opts.node_id,
+            Arc::new(config),
+            SingleNodeNetwork,
+            log_store,
+            sm,
+        )
+        .await
+        .map_err(|e| RaftError::Fatal(e.to_string()))?;
         let initialized = raft
             .is_initialized()
             .await
@@ -160,7 +172,10 @@ impl RaftNode {
             raft.initialize(members)
                 .await
                 .map_err(|e| RaftError::Initialize(e.to_string()))?;
-            tracing::info!(node_id = opts.node_id, "initialised a new one-node raft group");
+            tracing::info!(
+                node_id = opts.node_id,
+                "initialised a new one-node raft group"
+            );
         }
         let node = RaftNode {
             raft,
@@ -182,9 +197,9 @@ impl RaftNode {
     pub async fn write(&self, command: Command) -> Result<Outcome, RaftError> {
         match self.raft.client_write(command).await {
             Ok(response) => Ok(response.data),
-            Err(OpenRaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(
-                RaftError::NoLeader(format!("leader is {:?}", f.leader_id)),
-            ),
+            Err(OpenRaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(RaftError::NoLeader(format!("leader is {:?}", f.leader_id)))
+            }
             Err(OpenRaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(RaftError::Fatal(e.to_string()))
             }

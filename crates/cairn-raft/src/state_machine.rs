@@ -107,7 +107,10 @@ impl SnapshotDir {
                     std::fs::remove_file(&path)
                 };
                 if let Err(e) = result {
-                    tracing::warn!("failed to remove stale snapshot file {}: {e}", path.display());
+                    tracing::warn!(
+                        "failed to remove stale snapshot file {}: {e}",
+                        path.display()
+                    );
                 }
             }
         }
@@ -171,7 +174,8 @@ fn applied_entries(
                     tracing::error!("failed to apply entry {}: {e}", log_id.index);
                     StorageError::from(StorageIOError::apply(log_id, &e))
                 })?;
-                if let (Command::Append(append), Ok(Applied::Appended { .. })) = (command, &outcome) {
+                if let (Command::Append(append), Ok(Applied::Appended { .. })) = (command, &outcome)
+                {
                     touched.insert(append.boundary.clone());
                 }
                 outcome
@@ -280,7 +284,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 tracing::error!("failed to install snapshot: {e}");
                 snap_err(&e)
             })?;
-            store.apply_marker(&marker_bytes).map_err(|e| snap_err(&e))?;
+            store
+                .apply_marker(&marker_bytes)
+                .map_err(|e| snap_err(&e))?;
             std::fs::write(staged.join(META_FILE), &meta_bytes).map_err(|e| snap_err(&e))?;
             snapshots.promote(&staged)?;
             snapshots.remove_matching(|name| {
@@ -305,7 +311,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             };
             let pack = snapshots.path.join(format!("{}.pack", meta.snapshot_id));
             if !pack.exists() {
-                let tmp = snapshots.path.join(format!("{}.pack.tmp", meta.snapshot_id));
+                let tmp = snapshots
+                    .path
+                    .join(format!("{}.pack.tmp", meta.snapshot_id));
                 pack_dir(&current, &tmp).map_err(|e| snap_err(&e))?;
                 std::fs::rename(&tmp, &pack).map_err(|e| snap_err(&e))?;
             }
@@ -316,7 +324,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let Some((meta, pack)) = packed else {
             return Ok(None);
         };
-        let file = tokio::fs::File::open(&pack).await.map_err(|e| snap_err(&e))?;
+        let file = tokio::fs::File::open(&pack)
+            .await
+            .map_err(|e| snap_err(&e))?;
         Ok(Some(Snapshot {
             meta,
             snapshot: Box::new(file),

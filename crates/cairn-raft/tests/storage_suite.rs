@@ -21,6 +21,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Roc
 }
 
 #[test]
-fn openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(RocksBuilder)
+fn openraft_storage_suite() {
+    if let Err(e) = Suite::test_all(RocksBuilder) {
+        panic!("openraft storage suite failed: {e}");
+    }
 }

@@ -41,7 +41,10 @@ fn reply<T>(result: Result<T, Error>) -> Result<Response<T>, Status> {
 }
 
 fn parse_roles(roles: &[String]) -> Result<Vec<Role>, Error> {
-    let mut parsed = roles.iter().map(|r| Role::parse(r)).collect::<Result<Vec<_>, _>>()?;
+    let mut parsed = roles
+        .iter()
+        .map(|r| Role::parse(r))
+        .collect::<Result<Vec<_>, _>>()?;
     parsed.sort();
     parsed.dedup();
     Ok(parsed)
@@ -80,7 +83,9 @@ pub async fn create_user(
         )));
     }
     if name.len() > MAX_USERNAME_BYTES {
-        return Err(Error::invalid(format!("name is longer than {MAX_USERNAME_BYTES} bytes")));
+        return Err(Error::invalid(format!(
+            "name is longer than {MAX_USERNAME_BYTES} bytes"
+        )));
     }
     check_password_shape(&password, "password")?;
     let roles = parse_roles(roles)?;
@@ -95,7 +100,10 @@ pub async fn create_user(
         updated_unix_nanos: now,
         credential_generation: 0,
     };
-    match node.execute(Command::CreateUser { user, if_absent }).await? {
+    match node
+        .execute(Command::CreateUser { user, if_absent })
+        .await?
+    {
         Applied::User(user) => Ok(user),
         other => Err(Error::internal(format!("unexpected outcome {other:?}"))),
     }
@@ -165,11 +173,18 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::CreateUserResponse>, Status> {
         let node = node_of(&self.ready)?;
         let req = request.into_inner();
-        let result = create_user(&node, req.name, req.username, req.password, &req.roles, false)
-            .await
-            .map(|u| pb::CreateUserResponse {
-                user: Some(user_to_wire(&u)),
-            });
+        let result = create_user(
+            &node,
+            req.name,
+            req.username,
+            req.password,
+            &req.roles,
+            false,
+        )
+        .await
+        .map(|u| pb::CreateUserResponse {
+            user: Some(user_to_wire(&u)),
+        });
         reply(result)
     }
 
@@ -211,7 +226,11 @@ impl Admin for AdminService {
                 .store()
                 .with_catalog(|c| c.users.get(&req.user_id).cloned())
                 .ok_or_else(|| Error::NotFound(format!("user \"{}\" not found", req.user_id)))?;
-            if !node.auth.check_password(&user, &req.current_password).await? {
+            if !node
+                .auth
+                .check_password(&user, &req.current_password)
+                .await?
+            {
                 return Err(Error::Unauthenticated("current password is wrong".into()));
             }
             node.execute(Command::SetPassword {

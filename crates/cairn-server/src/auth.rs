@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use argon2::Argon2;
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::Argon2;
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use cairn_core::Error;
@@ -65,7 +65,11 @@ impl Principal {
                 if self.roles.is_empty() {
                     "none".to_string()
                 } else {
-                    self.roles.iter().map(Role::as_str).collect::<Vec<_>>().join(", ")
+                    self.roles
+                        .iter()
+                        .map(Role::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 }
             )))
         }
@@ -77,14 +81,22 @@ pub fn required_roles(path: &str) -> Option<&'static [Role]> {
     const WRITERS: &[Role] = &[Role::Admin, Role::Operations];
     const ADMINS: &[Role] = &[Role::Admin];
     let method = path.rsplit('/').next().unwrap_or_default();
-    let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+    let service = path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
     match (service, method) {
         ("orisun.EventStore", "SaveEvents" | "SaveEventsV2") => Some(WRITERS),
         ("orisun.EventStore", "CreateIndex" | "DropIndex") => Some(ADMINS),
         ("orisun.EventStore", "ListIndexes" | "GetIndex") => Some(WRITERS),
         (
             "orisun.Admin",
-            "CreateBoundary" | "CreateUser" | "DeleteUser" | "ListUsers" | "ValidateCredentials"
+            "CreateBoundary"
+            | "CreateUser"
+            | "DeleteUser"
+            | "ListUsers"
+            | "ValidateCredentials"
             | "GetUserCount",
         ) => Some(ADMINS),
         _ => None,
@@ -204,7 +216,11 @@ impl Authenticator {
     pub fn issue_token(&self, principal: &Principal) -> Result<String, Error> {
         let generation = self
             .store
-            .with_catalog(|c| c.users.get(&principal.user_id).map(|u| u.credential_generation))
+            .with_catalog(|c| {
+                c.users
+                    .get(&principal.user_id)
+                    .map(|u| u.credential_generation)
+            })
             .ok_or_else(|| Error::Unauthenticated("user no longer exists".into()))?;
         let expiry = now_secs() + self.token_ttl.as_secs();
         let payload = format!("{}:{generation}:{expiry}", principal.user_id);
@@ -282,7 +298,10 @@ impl Authenticator {
         if cache.len() >= BASIC_CACHE_CAPACITY {
             cache.clear();
         }
-        cache.insert(fingerprint, (user.user_id.clone(), user.credential_generation));
+        cache.insert(
+            fingerprint,
+            (user.user_id.clone(), user.credential_generation),
+        );
         Ok(Principal::of(&user))
     }
 
@@ -291,7 +310,9 @@ impl Authenticator {
         &self,
         headers: &http::HeaderMap,
     ) -> Result<Principal, (Error, AuthFailure)> {
-        let token = headers.get(TOKEN_HEADER).map(|v| v.to_str().unwrap_or_default());
+        let token = headers
+            .get(TOKEN_HEADER)
+            .map(|v| v.to_str().unwrap_or_default());
         let basic = headers
             .get(http::header::AUTHORIZATION)
             .map(|v| v.to_str().unwrap_or_default());
@@ -324,7 +345,10 @@ mod tests {
             required_roles("/orisun.EventStore/SaveEventsV2"),
             Some(&[Role::Admin, Role::Operations][..])
         );
-        assert_eq!(required_roles("/orisun.EventStore/CreateIndex"), Some(&[Role::Admin][..]));
+        assert_eq!(
+            required_roles("/orisun.EventStore/CreateIndex"),
+            Some(&[Role::Admin][..])
+        );
         assert_eq!(required_roles("/orisun.EventStore/GetEvents"), None);
         assert_eq!(required_roles("/orisun.Admin/ChangePassword"), None);
         assert!(is_public("/grpc.health.v1.Health/Check"));

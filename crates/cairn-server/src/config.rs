@@ -192,7 +192,8 @@ impl ServeArgs {
         boundaries.sort();
         boundaries.dedup();
         for b in &boundaries {
-            validate_identifier(b, "boundary").map_err(|e| ConfigError(format!("--boundaries: {e}")))?;
+            validate_identifier(b, "boundary")
+                .map_err(|e| ConfigError(format!("--boundaries: {e}")))?;
         }
         if self.admin_username.is_empty() {
             return Err(ConfigError("--admin-username must not be empty".into()));

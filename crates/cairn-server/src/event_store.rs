@@ -107,11 +107,16 @@ fn direction_from_wire(d: i32) -> Result<Direction, Error> {
     match pb::Direction::try_from(d) {
         Ok(pb::Direction::Asc) => Ok(Direction::Asc),
         Ok(pb::Direction::Desc) => Ok(Direction::Desc),
-        Err(_) => Err(Error::invalid(format!("direction {d} is not ASC (0) or DESC (1)"))),
+        Err(_) => Err(Error::invalid(format!(
+            "direction {d} is not ASC (0) or DESC (1)"
+        ))),
     }
 }
 
-async fn get_events(node: &NodeState, req: pb::GetEventsRequest) -> Result<pb::GetEventsResponse, Error> {
+async fn get_events(
+    node: &NodeState,
+    req: pb::GetEventsRequest,
+) -> Result<pb::GetEventsResponse, Error> {
     note_boundary(&req.boundary);
     let boundary = node.active_boundary(&req.boundary)?;
     if req.count == 0 || req.count > MAX_READ_COUNT {
@@ -143,7 +148,8 @@ async fn latest_by_criteria(
     note_boundary(&req.boundary);
     let boundary = node.active_boundary(&req.boundary)?;
     let echoed = req.criteria.clone();
-    let criteria = normalize_latest_criteria(req.criteria.into_iter().map(criterion_from_wire).collect())?;
+    let criteria =
+        normalize_latest_criteria(req.criteria.into_iter().map(criterion_from_wire).collect())?;
     node.read_barrier().await?;
     let (results, context) = node
         .blocking(move |s| s.latest_by_criteria(boundary.id, &criteria))
@@ -161,7 +167,10 @@ async fn latest_by_criteria(
     })
 }
 
-async fn write_context(node: &NodeState, req: pb::GetWriteContextRequest) -> Result<pb::WriteContext, Error> {
+async fn write_context(
+    node: &NodeState,
+    req: pb::GetWriteContextRequest,
+) -> Result<pb::WriteContext, Error> {
     note_boundary(&req.boundary);
     let boundary = node.active_boundary(&req.boundary)?;
     let last: Position = parse_write_id(&req.write_id)?;
@@ -260,7 +269,10 @@ impl EventStore for EventStoreService {
         reply(subscription::open(node, request.into_inner()).await)
     }
 
-    async fn ping(&self, _request: Request<pb::PingRequest>) -> Result<Response<pb::PingResponse>, Status> {
+    async fn ping(
+        &self,
+        _request: Request<pb::PingRequest>,
+    ) -> Result<Response<pb::PingResponse>, Status> {
         node_of(&self.ready)?;
         Ok(Response::new(pb::PingResponse {}))
     }
@@ -302,7 +314,8 @@ impl EventStore for EventStoreService {
             let boundary = req.boundary.clone();
             let index = index_from_wire(req)?;
             index.validate()?;
-            node.execute(Command::CreateIndex { boundary, index }).await?;
+            node.execute(Command::CreateIndex { boundary, index })
+                .await?;
             Ok(pb::CreateIndexResponse {})
         }
         .await;
@@ -360,7 +373,11 @@ impl EventStore for EventStoreService {
             note_boundary(&req.boundary);
             let boundary = node.active_boundary(&req.boundary)?;
             node.store()
-                .with_catalog(|c| c.indexes.get(&(boundary.id, req.name.clone())).map(index_to_wire))
+                .with_catalog(|c| {
+                    c.indexes
+                        .get(&(boundary.id, req.name.clone()))
+                        .map(index_to_wire)
+                })
                 .map(|index| pb::GetIndexResponse { index: Some(index) })
                 .ok_or_else(|| {
                     Error::NotFound(format!(

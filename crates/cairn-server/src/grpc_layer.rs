@@ -124,12 +124,12 @@ where
                     }
                 };
                 tracing::Span::current().record("user", principal.username.as_str());
-                if let Some(roles) = required_roles(&path) {
-                    if let Err(e) = principal.require(roles, method) {
-                        let status = cairn_proto::to_status(e);
-                        timer.set_code(status.code());
-                        return Ok(status_response(status));
-                    }
+                if let Some(roles) = required_roles(&path)
+                    && let Err(e) = principal.require(roles, method)
+                {
+                    let status = cairn_proto::to_status(e);
+                    timer.set_code(status.code());
+                    return Ok(status_response(status));
                 }
                 let token = node.auth.issue_token(&principal);
                 req.extensions_mut().insert(principal);
@@ -179,12 +179,11 @@ impl HttpBody for ObservedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(code) = frame.trailers_ref().and_then(header_code) {
-                if let Some(mut timer) = self.timer.take() {
-                    timer.set_code(code);
-                }
-            }
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(code) = frame.trailers_ref().and_then(header_code)
+            && let Some(mut timer) = self.timer.take()
+        {
+            timer.set_code(code);
         }
         polled
     }

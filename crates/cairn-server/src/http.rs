@@ -45,7 +45,10 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         m.rocksdb_memtable_bytes.set(memtables as i64);
     }
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         state.metrics.render(),
     )
 }

@@ -6,8 +6,11 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn init_tracing(format: LogFormat, filter: &str) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_new(filter).with_context(|| format!("invalid --log filter {filter:?}"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        EnvFilter::try_new(filter).with_context(|| format!("invalid --log filter {filter:?}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -34,10 +37,15 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             init_tracing(args.log_format, &args.log)?;
             let config = args.validate()?;
-            let server = cairn_server::start(config).await.context("failed to start")?;
+            let server = cairn_server::start(config)
+                .await
+                .context("failed to start")?;
             let signal = shutdown_signal().await?;
             tracing::info!("received {signal}");
-            server.shutdown().await.context("failed to shut down cleanly")?;
+            server
+                .shutdown()
+                .await
+                .context("failed to shut down cleanly")?;
         }
     }
     Ok(())

@@ -99,7 +99,10 @@ impl Metrics {
         }
         let metrics = Metrics {
             grpc_requests: reg!(IntCounterVec::new(
-                Opts::new("cairn_grpc_requests_total", "gRPC requests by method and status code"),
+                Opts::new(
+                    "cairn_grpc_requests_total",
+                    "gRPC requests by method and status code"
+                ),
                 &["method", "code"]
             )?),
             grpc_duration: reg!(HistogramVec::new(
@@ -111,11 +114,17 @@ impl Metrics {
                 &["method"]
             )?),
             writes_committed: reg!(IntCounterVec::new(
-                Opts::new("cairn_writes_committed_total", "Committed writes (SaveEvents*) per boundary"),
+                Opts::new(
+                    "cairn_writes_committed_total",
+                    "Committed writes (SaveEvents*) per boundary"
+                ),
                 &["boundary"]
             )?),
             events_committed: reg!(IntCounterVec::new(
-                Opts::new("cairn_events_committed_total", "Committed events per boundary"),
+                Opts::new(
+                    "cairn_events_committed_total",
+                    "Committed events per boundary"
+                ),
                 &["boundary"]
             )?),
             conflicts: reg!(IntCounterVec::new(
@@ -126,7 +135,10 @@ impl Metrics {
                 &["boundary"]
             )?),
             auth_failures: reg!(IntCounterVec::new(
-                Opts::new("cairn_auth_failures_total", "Failed authentications by kind"),
+                Opts::new(
+                    "cairn_auth_failures_total",
+                    "Failed authentications by kind"
+                ),
                 &["reason"]
             )?),
             subscriptions_active: reg!(IntGauge::new(
@@ -145,7 +157,10 @@ impl Metrics {
                 .buckets(LATENCY_BUCKETS.to_vec())
             )?),
             raft_term: reg!(IntGauge::new("cairn_raft_term", "Current Raft term")?),
-            raft_is_leader: reg!(IntGauge::new("cairn_raft_is_leader", "1 if this node is the leader")?),
+            raft_is_leader: reg!(IntGauge::new(
+                "cairn_raft_is_leader",
+                "1 if this node is the leader"
+            )?),
             raft_leader_changes: reg!(IntCounter::new(
                 "cairn_raft_leader_changes_total",
                 "Leader changes observed by this node"
@@ -177,9 +192,9 @@ impl Metrics {
             registry,
         };
         #[cfg(target_os = "linux")]
-        metrics
-            .registry
-            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        metrics.registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         Ok(metrics)
     }
 
@@ -278,7 +293,10 @@ mod tests {
 
     #[test]
     fn method_labels_are_bounded() {
-        assert_eq!(method_label("/orisun.EventStore/SaveEventsV2"), "orisun.EventStore/SaveEventsV2");
+        assert_eq!(
+            method_label("/orisun.EventStore/SaveEventsV2"),
+            "orisun.EventStore/SaveEventsV2"
+        );
         assert_eq!(method_label("/evil/\u{0}"), "unknown");
     }
 
@@ -290,11 +308,21 @@ mod tests {
             t.set_code(Code::Ok);
         }
         drop(m.request("orisun.EventStore/Ping"));
-        assert_eq!(m.grpc_requests.with_label_values(&["orisun.EventStore/Ping", "OK"]).get(), 1);
         assert_eq!(
-            m.grpc_requests.with_label_values(&["orisun.EventStore/Ping", "CANCELLED"]).get(),
+            m.grpc_requests
+                .with_label_values(&["orisun.EventStore/Ping", "OK"])
+                .get(),
             1
         );
-        assert!(m.render().contains("cairn_grpc_request_duration_seconds_bucket"));
+        assert_eq!(
+            m.grpc_requests
+                .with_label_values(&["orisun.EventStore/Ping", "CANCELLED"])
+                .get(),
+            1
+        );
+        assert!(
+            m.render()
+                .contains("cairn_grpc_request_duration_seconds_bucket")
+        );
     }
 }

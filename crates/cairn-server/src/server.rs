@@ -191,10 +191,16 @@ pub async fn start_on(
 
     let grpc_addr = grpc_listener
         .local_addr()
-        .map_err(|source| ServerError::Bind { addr: config.listen, source })?;
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
     let http_addr = http_listener
         .local_addr()
-        .map_err(|source| ServerError::Bind { addr: config.http_listen, source })?;
+        .map_err(|source| ServerError::Bind {
+            addr: config.http_listen,
+            source,
+        })?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;

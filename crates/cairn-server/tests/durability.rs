@@ -19,6 +19,9 @@ use cairn_proto::orisun::event_store_client::EventStoreClient;
 use tonic::Request;
 use tonic::transport::Channel;
 
+/// An acknowledged write: its event ids and the (commit, prepare) of its last event.
+type Ack = (Vec<String>, (i64, i64));
+
 struct Node {
     child: Child,
     addr: SocketAddr,
@@ -27,7 +30,13 @@ struct Node {
 /// Starts `cairn serve` and waits for its "cairn is serving" log line.
 fn spawn_node(data_dir: &Path) -> Node {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--log-format", "json", "--boundaries", "default"])
@@ -44,9 +53,14 @@ fn spawn_node(data_dir: &Path) -> Node {
             if sent {
                 continue;
             }
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
             if v["fields"]["message"] == "cairn is serving" {
-                let addr = v["fields"]["grpc_addr"].as_str().unwrap_or_default().to_string();
+                let addr = v["fields"]["grpc_addr"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 let _ = tx.send(addr);
                 sent = true;
             }
@@ -63,8 +77,10 @@ fn spawn_node(data_dir: &Path) -> Node {
 fn with_basic<T>(msg: T, user: &str, password: &str) -> Request<T> {
     let mut r = Request::new(msg);
     let value = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-    r.metadata_mut()
-        .insert("authorization", format!("Basic {value}").parse().expect("header"));
+    r.metadata_mut().insert(
+        "authorization",
+        format!("Basic {value}").parse().expect("header"),
+    );
     r
 }
 
@@ -104,7 +120,10 @@ async fn acknowledged_writes_survive_sigkill() {
     let ch = channel(node.addr).await;
     let mut admin_client = AdminClient::new(ch.clone());
     admin_client
-        .create_boundary(admin(pb::CreateBoundaryRequest { name: "ledger".into(), ..Default::default() }))
+        .create_boundary(admin(pb::CreateBoundaryRequest {
+            name: "ledger".into(),
+            ..Default::default()
+        }))
         .await
         .expect("boundary");
     admin_client
@@ -124,7 +143,7 @@ async fn acknowledged_writes_survive_sigkill() {
         .boundaries;
 
     // Concurrent writers record every acknowledgement: (event ids, last position).
-    let acked: Arc<Mutex<Vec<(Vec<String>, (i64, i64))>>> = Arc::default();
+    let acked: Arc<Mutex<Vec<Ack>>> = Arc::default();
     let mut writers = Vec::new();
     for w in 0..4 {
         let mut es = EventStoreClient::new(ch.clone());
@@ -133,7 +152,10 @@ async fn acknowledged_writes_survive_sigkill() {
             for i in 0.. {
                 let req = save_request(w, i);
                 let ids = req.events.iter().map(|e| e.event_id.clone()).collect();
-                match es.save_events_v2(with_basic(req, "durable", "d-pass")).await {
+                match es
+                    .save_events_v2(with_basic(req, "durable", "d-pass"))
+                    .await
+                {
                     Ok(r) => {
                         let p = r.into_inner().log_position.expect("position");
                         acked
@@ -172,7 +194,11 @@ async fn acknowledged_writes_survive_sigkill() {
         .events;
     // Dense positions, and every acknowledged write exactly where it was acknowledged.
     for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.position.expect("p").prepare_position, i as i64, "positions stay dense");
+        assert_eq!(
+            e.position.expect("p").prepare_position,
+            i as i64,
+            "positions stay dense"
+        );
     }
     for (ids, (commit, last)) in &acked {
         let first = last - (ids.len() as i64 - 1);
@@ -182,7 +208,10 @@ async fn acknowledged_writes_survive_sigkill() {
                 .unwrap_or_else(|| panic!("acknowledged event {id} lost"));
             assert_eq!(&e.event_id, id);
             let p = e.position.expect("p");
-            assert_eq!((p.commit_position, p.prepare_position), (*commit, first + k as i64));
+            assert_eq!(
+                (p.commit_position, p.prepare_position),
+                (*commit, first + k as i64)
+            );
         }
     }
     let mut admin_client = AdminClient::new(ch);
@@ -200,7 +229,11 @@ async fn acknowledged_writes_survive_sigkill() {
         .expect("write after restart")
         .into_inner();
     let p = next.log_position.expect("p");
-    assert_eq!(p.prepare_position, events.len() as i64, "a one-event write after the last");
+    assert_eq!(
+        p.prepare_position,
+        events.len() as i64,
+        "a one-event write after the last"
+    );
     let mut node = node;
     node.child.kill().expect("kill");
     node.child.wait().expect("reaped");
@@ -213,7 +246,10 @@ async fn sigterm_shuts_down_cleanly() {
     let mut es = EventStoreClient::new(channel(node.addr).await);
     es.ping(admin(pb::PingRequest {})).await.expect("ping");
     let pid = node.child.id().to_string();
-    let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
     assert!(status.success());
     let mut child = node.child;
     let exit = tokio::task::spawn_blocking(move || child.wait())
@@ -224,7 +260,9 @@ async fn sigterm_shuts_down_cleanly() {
     // A clean shutdown leaves a database that reopens at once.
     let node = spawn_node(&dir.path().join("data"));
     let mut es = EventStoreClient::new(channel(node.addr).await);
-    es.ping(admin(pb::PingRequest {})).await.expect("ping after restart");
+    es.ping(admin(pb::PingRequest {}))
+        .await
+        .expect("ping after restart");
     let mut child = node.child;
     child.kill().expect("kill");
     child.wait().expect("reaped");

@@ -107,7 +107,11 @@ impl Store {
                     idempotent_event_ids: *idempotent_event_ids,
                 };
                 let meta_cf = self.cf(CF_SM_META)?;
-                batch.put_cf(meta_cf, meta::named(meta::BOUNDARY, name), encode_json(&info));
+                batch.put_cf(
+                    meta_cf,
+                    meta::named(meta::BOUNDARY, name),
+                    encode_json(&info),
+                );
                 batch.put_cf(meta_cf, meta::CATALOG_SEQ, encode_json(&(seq + 1)));
                 batch.put_cf(meta_cf, meta::NEXT_BOUNDARY_ID, encode_json(&(id + 1)));
                 let stored = info.clone();
@@ -163,7 +167,8 @@ impl Store {
                 ))
             }
             Command::CreateUser { user, if_absent } => {
-                if let Some(existing) = self.with_catalog(|c| c.user_by_name(&user.username).cloned())
+                if let Some(existing) =
+                    self.with_catalog(|c| c.user_by_name(&user.username).cloned())
                 {
                     return if *if_absent {
                         Ok((Ok(Applied::User(existing)), None))
@@ -272,9 +277,8 @@ impl Store {
                     return Ok((Ok(Applied::Done), None));
                 };
                 let key = (bid, subscriber.clone());
-                let held = self.with_catalog(|c| {
-                    c.leases.get(&key).is_some_and(|l| l.holder == *holder)
-                });
+                let held =
+                    self.with_catalog(|c| c.leases.get(&key).is_some_and(|l| l.holder == *holder));
                 if !held {
                     return Ok((Ok(Applied::Done), None));
                 }

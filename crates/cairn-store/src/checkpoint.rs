@@ -78,7 +78,8 @@ impl Store {
 /// Packs the regular files of `dir` into one file at `out`.
 pub fn pack_dir(dir: &Path, out: &Path) -> Result<(), StoreError> {
     let ctx = |what: &str, p: &Path| format!("failed to {what} {}", p.display());
-    let mut w = BufWriter::new(File::create(out).map_err(|e| StoreError::io(ctx("create", out), e))?);
+    let mut w =
+        BufWriter::new(File::create(out).map_err(|e| StoreError::io(ctx("create", out), e))?);
     w.write_all(PACK_MAGIC)
         .map_err(|e| StoreError::io(ctx("write", out), e))?;
     let mut entries: Vec<_> = fs::read_dir(dir)
@@ -101,7 +102,8 @@ pub fn pack_dir(dir: &Path, out: &Path) -> Result<(), StoreError> {
             .and_then(|_| w.write_all(&len.to_be_bytes()))
             .map_err(|e| StoreError::io(ctx("write", out), e))?;
         let mut f = File::open(&path).map_err(|e| StoreError::io(ctx("open", &path), e))?;
-        let copied = std::io::copy(&mut f, &mut w).map_err(|e| StoreError::io(ctx("copy", &path), e))?;
+        let copied =
+            std::io::copy(&mut f, &mut w).map_err(|e| StoreError::io(ctx("copy", &path), e))?;
         if copied != len {
             return Err(StoreError::io(
                 ctx("copy", &path),
@@ -121,7 +123,8 @@ pub fn unpack_dir(packed: &Path, dir: &Path) -> Result<(), StoreError> {
     let ctx = |what: &str, p: &Path| format!("failed to {what} {}", p.display());
     let corrupt = |what: &str| StoreError::corrupt("snapshot", what);
     fs::create_dir_all(dir).map_err(|e| StoreError::io(ctx("create", dir), e))?;
-    let mut r = BufReader::new(File::open(packed).map_err(|e| StoreError::io(ctx("open", packed), e))?);
+    let mut r =
+        BufReader::new(File::open(packed).map_err(|e| StoreError::io(ctx("open", packed), e))?);
     let mut magic = vec![0u8; PACK_MAGIC.len()];
     r.read_exact(&mut magic)
         .map_err(|e| StoreError::io(ctx("read", packed), e))?;

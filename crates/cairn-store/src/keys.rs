@@ -102,8 +102,9 @@ pub fn encode_event(
     data: &str,
     metadata: &str,
 ) -> Vec<u8> {
-    let mut v =
-        Vec::with_capacity(16 + 16 + event_id.len() + event_type.len() + data.len() + metadata.len());
+    let mut v = Vec::with_capacity(
+        16 + 16 + event_id.len() + event_type.len() + data.len() + metadata.len(),
+    );
     v.extend_from_slice(&commit.to_be_bytes());
     v.extend_from_slice(&created_unix_nanos.to_be_bytes());
     for s in [event_id, event_type, data, metadata] {
@@ -138,7 +139,9 @@ pub fn decode_event(prepare: u64, value: &[u8]) -> Result<StoredEvent, StoreErro
             .and_then(|s| s.try_into().ok())
             .ok_or_else(|| bad("truncated length"))?;
         let len = u32::from_be_bytes(len) as usize;
-        let bytes = rest.get(4..4 + len).ok_or_else(|| bad("truncated string"))?;
+        let bytes = rest
+            .get(4..4 + len)
+            .ok_or_else(|| bad("truncated string"))?;
         strings.push(String::from_utf8(bytes.to_vec()).map_err(|_| bad("invalid UTF-8"))?);
         rest = &rest[4 + len..];
     }

@@ -175,9 +175,15 @@ impl<'a> View<'a> {
 
     fn position_of(&self, prepare: u64) -> Result<Position, StoreError> {
         let raw = self.get_event_raw(prepare)?.ok_or_else(|| {
-            StoreError::corrupt("events", &format!("event {prepare} is below the head but missing"))
+            StoreError::corrupt(
+                "events",
+                &format!("event {prepare} is below the head but missing"),
+            )
         })?;
-        Ok(Position::of_event(prepare, keys::commit_of_event_value(&raw)?))
+        Ok(Position::of_event(
+            prepare,
+            keys::commit_of_event_value(&raw)?,
+        ))
     }
 
     /// Number of events visible in this view.
@@ -260,10 +266,10 @@ impl<'a> View<'a> {
         }
         let mut best: Option<(u64, u64)> = None;
         for criterion in &query.criteria {
-            if let Some(found) = self.cursor(criterion)?.latest_at_or_before(head - 1)? {
-                if best.is_none_or(|b| found.0 > b.0) {
-                    best = Some(found);
-                }
+            if let Some(found) = self.cursor(criterion)?.latest_at_or_before(head - 1)?
+                && best.is_none_or(|b| found.0 > b.0)
+            {
+                best = Some(found);
             }
         }
         Ok(best)
@@ -294,10 +300,11 @@ impl<'a> View<'a> {
                 while out.len() < count && next < head {
                     let mut best: Option<u64> = None;
                     for c in &mut cursors {
-                        if let Some((p, _)) = c.first_at_or_after(next)? {
-                            if p < head && best.is_none_or(|b| p < b) {
-                                best = Some(p);
-                            }
+                        if let Some((p, _)) = c.first_at_or_after(next)?
+                            && p < head
+                            && best.is_none_or(|b| p < b)
+                        {
+                            best = Some(p);
                         }
                     }
                     let Some(p) = best else { break };
@@ -316,10 +323,10 @@ impl<'a> View<'a> {
                     }
                     let mut best: Option<u64> = None;
                     for c in &mut cursors {
-                        if let Some((p, _)) = c.latest_at_or_before(upper)? {
-                            if best.is_none_or(|b| p > b) {
-                                best = Some(p);
-                            }
+                        if let Some((p, _)) = c.latest_at_or_before(upper)?
+                            && best.is_none_or(|b| p > b)
+                        {
+                            best = Some(p);
                         }
                     }
                     let Some(p) = best else { break };
@@ -395,7 +402,11 @@ impl Store {
         })
     }
 
-    fn snapshot_view<'a>(&'a self, snapshot: &'a SnapshotWithThreadMode<'a, DB>, bid: u32) -> View<'a> {
+    fn snapshot_view<'a>(
+        &'a self,
+        snapshot: &'a SnapshotWithThreadMode<'a, DB>,
+        bid: u32,
+    ) -> View<'a> {
         View {
             db: &self.inner.db,
             snapshot: Some(snapshot),

@@ -63,7 +63,11 @@ impl Model {
                 event_id: e.event_id.clone(),
                 event_type: e.event_type.clone(),
                 data: e.data.clone(),
-                scalars: e.tags.iter().map(|t| (t.key.clone(), t.value.clone())).collect(),
+                scalars: e
+                    .tags
+                    .iter()
+                    .map(|t| (t.key.clone(), t.value.clone()))
+                    .collect(),
             });
         }
         Ok(Applied::Appended {
@@ -93,20 +97,23 @@ impl Model {
     }
 }
 
+/// A query as generated: criteria of (key index, value index) tags.
+type QuerySpec = Vec<Vec<(u8, u8)>>;
+
 #[derive(Debug, Clone)]
 enum Op {
     Append {
         events: Vec<Vec<(u8, u8)>>,
-        observations: Vec<(Vec<Vec<(u8, u8)>>, PositionChoice)>,
+        observations: Vec<(QuerySpec, PositionChoice)>,
     },
     Read {
-        query: Vec<Vec<(u8, u8)>>,
+        query: QuerySpec,
         start: StartChoice,
         desc: bool,
         count: usize,
     },
     Latest {
-        criteria: Vec<Vec<(u8, u8)>>,
+        criteria: QuerySpec,
     },
 }
 
@@ -137,7 +144,7 @@ fn tag_strategy() -> impl Strategy<Value = (u8, u8)> {
     (0..KEYS.len() as u8, 0..VALUES.len() as u8)
 }
 
-fn query_strategy(min: usize) -> impl Strategy<Value = Vec<Vec<(u8, u8)>>> {
+fn query_strategy(min: usize) -> impl Strategy<Value = QuerySpec> {
     prop::collection::vec(prop::collection::vec(tag_strategy(), 1..3), min..3)
 }
 
@@ -169,7 +176,11 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 fn criterion(tags: &[(u8, u8)]) -> Criterion {
     // One value per key (a key with two values is a validation error, tested elsewhere).
     let mut seen = std::collections::BTreeSet::new();
-    let tags: Vec<(u8, u8)> = tags.iter().copied().filter(|(k, _)| seen.insert(*k)).collect();
+    let tags: Vec<(u8, u8)> = tags
+        .iter()
+        .copied()
+        .filter(|(k, _)| seen.insert(*k))
+        .collect();
     // Values are JSON literals in data; as tag values they are their scalar text.
     Criterion::of(tags.iter().map(|&(k, v)| {
         (
@@ -210,7 +221,10 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
 
     for op in ops {
         match op {
-            Op::Append { events, observations } => {
+            Op::Append {
+                events,
+                observations,
+            } => {
                 let events: Vec<NewEvent> = events
                     .iter()
                     .map(|tags| {
@@ -222,14 +236,21 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                                 if data.len() > 1 {
                                     data.push(',');
                                 }
-                                data.push_str(&format!("\"{}\":{}", KEYS[k as usize], VALUES[v as usize]));
+                                data.push_str(&format!(
+                                    "\"{}\":{}",
+                                    KEYS[k as usize], VALUES[v as usize]
+                                ));
                             }
                         }
                         data.push('}');
                         NewEvent::validate(
                             RawEvent {
                                 event_id: format!("id-{next_id}"),
-                                event_type: if next_id % 3 == 0 { "A".into() } else { "B".into() },
+                                event_type: if next_id.is_multiple_of(3) {
+                                    "A".into()
+                                } else {
+                                    "B".into()
+                                },
                                 data,
                                 metadata: String::new(),
                             },
@@ -283,7 +304,12 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     _ => {}
                 }
             }
-            Op::Read { query: q, start, desc, count } => {
+            Op::Read {
+                query: q,
+                start,
+                desc,
+                count,
+            } => {
                 let q = query(&q).normalize_filter().expect("valid query");
                 let event_pos = |i: usize| {
                     model
@@ -295,9 +321,15 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     StartChoice::Edge => ReadStart::Edge,
                     StartChoice::EventInclusive(i) => ReadStart::Inclusive(event_pos(i)),
                     StartChoice::EventAfter(i) => ReadStart::After(event_pos(i)),
-                    StartChoice::ArbitraryInclusive(c, p) => ReadStart::Inclusive(Position::new(c, p)),
+                    StartChoice::ArbitraryInclusive(c, p) => {
+                        ReadStart::Inclusive(Position::new(c, p))
+                    }
                 };
-                let dir = if desc { Direction::Desc } else { Direction::Asc };
+                let dir = if desc {
+                    Direction::Desc
+                } else {
+                    Direction::Asc
+                };
                 let expected = model.read(&q, start, dir, count);
                 let got = store
                     .read_events(bid, &q, start, dir, count)
@@ -306,7 +338,14 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if !got.is_empty() {
                     NON_EMPTY_READS.fetch_add(1, Ordering::Relaxed);
                 }
-                prop_assert_eq!(&got_positions, &expected, "query {:?} start {:?} dir {:?}", q, start, dir);
+                prop_assert_eq!(
+                    &got_positions,
+                    &expected,
+                    "query {:?} start {:?} dir {:?}",
+                    q,
+                    start,
+                    dir
+                );
                 for e in &got {
                     let m = &model.events[e.position.prepare as usize];
                     prop_assert_eq!(&e.event_id, &m.event_id);
@@ -364,6 +403,8 @@ fn store_matches_naive_model() {
         CONDITIONAL_COMMITS.load(Ordering::Relaxed),
         NON_EMPTY_READS.load(Ordering::Relaxed),
     );
-    println!("commits {commits} (conditional {conditional}), conflicts {conflicts}, non-empty reads {reads}");
+    println!(
+        "commits {commits} (conditional {conditional}), conflicts {conflicts}, non-empty reads {reads}"
+    );
     assert!(commits > 1000 && conditional > 300 && conflicts > 300 && reads > 500);
 }

@@ -56,8 +56,15 @@ async fn a1_basic_login_returns_a_session_token_that_authenticates_and_slides() 
         .expect("ascii")
         .to_string();
     let mut with_token = server.client_with(Credentials::token(&token));
-    let response = with_token.es.ping(pb::PingRequest {}).await.expect("token works");
-    assert!(response.metadata().get("x-auth-token").is_some(), "token responses carry a fresh token");
+    let response = with_token
+        .es
+        .ping(pb::PingRequest {})
+        .await
+        .expect("token works");
+    assert!(
+        response.metadata().get("x-auth-token").is_some(),
+        "token responses carry a fresh token"
+    );
     // Errors of authenticated requests carry the header too.
     let status = with_token
         .save("nope", vec![event("T", "{}")], vec![])
@@ -83,7 +90,13 @@ async fn a2_roles_are_exactly_admin_and_operations() {
             .expect_err("bad role");
         assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}");
     }
-    let users = c.admin.list_users(pb::ListUsersRequest {}).await.expect("list").into_inner().users;
+    let users = c
+        .admin
+        .list_users(pb::ListUsersRequest {})
+        .await
+        .expect("list")
+        .into_inner()
+        .users;
     assert_eq!(users.len(), 1, "nothing was created");
     assert_eq!(users[0].username, "admin");
     assert_eq!(users[0].roles, vec!["ADMIN"]);
@@ -107,38 +120,70 @@ async fn a3_roles_gate_writes_indexes_and_administration() {
     };
 
     // Reader: reads, Ping, GetServerInfo, subscriptions; no writes, no index reads.
-    let denied = reader.save("default", vec![event("T", "{}")], vec![]).await.expect_err("no write");
+    let denied = reader
+        .save("default", vec![event("T", "{}")], vec![])
+        .await
+        .expect_err("no write");
     assert_eq!(denied.code(), Code::PermissionDenied);
     reader.read_all("default").await;
     reader.es.ping(pb::PingRequest {}).await.expect("ping");
-    reader.es.get_server_info(pb::GetServerInfoRequest {}).await.expect("info");
+    reader
+        .es
+        .get_server_info(pb::GetServerInfoRequest {})
+        .await
+        .expect("info");
     let denied = reader
         .es
-        .list_indexes(pb::ListIndexesRequest { boundary: "default".into() })
+        .list_indexes(pb::ListIndexesRequest {
+            boundary: "default".into(),
+        })
         .await
         .expect_err("no index list");
     assert_eq!(denied.code(), Code::PermissionDenied);
 
     // Operations: writes and index reads, not index changes or administration.
-    ops.save("default", vec![event("T", "{}")], vec![]).await.expect("ops writes");
+    ops.save("default", vec![event("T", "{}")], vec![])
+        .await
+        .expect("ops writes");
     ops.es
-        .list_indexes(pb::ListIndexesRequest { boundary: "default".into() })
+        .list_indexes(pb::ListIndexesRequest {
+            boundary: "default".into(),
+        })
         .await
         .expect("ops lists indexes");
-    assert_eq!(ops.es.create_index(index()).await.expect_err("no create").code(), Code::PermissionDenied);
+    assert_eq!(
+        ops.es
+            .create_index(index())
+            .await
+            .expect_err("no create")
+            .code(),
+        Code::PermissionDenied
+    );
     let denied = ops
         .admin
-        .create_boundary(pb::CreateBoundaryRequest { name: "b2".into(), ..Default::default() })
+        .create_boundary(pb::CreateBoundaryRequest {
+            name: "b2".into(),
+            ..Default::default()
+        })
         .await
         .expect_err("no admin");
     assert_eq!(denied.code(), Code::PermissionDenied);
     assert_eq!(
-        ops.admin.list_users(pb::ListUsersRequest {}).await.expect_err("no users").code(),
+        ops.admin
+            .list_users(pb::ListUsersRequest {})
+            .await
+            .expect_err("no users")
+            .code(),
         Code::PermissionDenied
     );
 
     // Admin: everything.
-    server.client().es.create_index(index()).await.expect("admin creates index");
+    server
+        .client()
+        .es
+        .create_index(index())
+        .await
+        .expect("admin creates index");
 }
 
 fn files_contain(dir: &std::path::Path, needle: &[u8]) -> bool {
@@ -148,10 +193,10 @@ fn files_contain(dir: &std::path::Path, needle: &[u8]) -> bool {
             for entry in std::fs::read_dir(&path).expect("dir") {
                 stack.push(entry.expect("entry").path());
             }
-        } else if let Ok(bytes) = std::fs::read(&path) {
-            if bytes.windows(needle.len()).any(|w| w == needle) {
-                return true;
-            }
+        } else if let Ok(bytes) = std::fs::read(&path)
+            && bytes.windows(needle.len()).any(|w| w == needle)
+        {
+            return true;
         }
     }
     false
@@ -167,7 +212,10 @@ async fn a3_passwords_are_stored_hashed() {
         !files_contain(dir.path(), secret.as_bytes()),
         "the password appears in clear in the data directory"
     );
-    assert!(files_contain(dir.path(), b"$argon2id$"), "an argon2id hash is stored");
+    assert!(
+        files_contain(dir.path(), b"$argon2id$"),
+        "an argon2id hash is stored"
+    );
 }
 
 async fn token_of(server: &TestServer, user: &str, password: &str) -> String {
@@ -209,7 +257,11 @@ async fn a3_password_change_revokes_tokens() {
         .await
         .expect_err("old token revoked");
     assert_eq!(old_token.code(), Code::Unauthenticated);
-    let old_pw = bob.es.ping(pb::PingRequest {}).await.expect_err("old password");
+    let old_pw = bob
+        .es
+        .ping(pb::PingRequest {})
+        .await
+        .expect_err("old password");
     assert_eq!(old_pw.code(), Code::Unauthenticated);
     server
         .client_with(Credentials::basic("bob", "new-pw"))
@@ -232,7 +284,10 @@ async fn a3_user_deletion_revokes_tokens() {
         .expect("delete")
         .into_inner();
     assert!(deleted.success);
-    for credentials in [Credentials::token(&token), Credentials::basic("carol", "pw")] {
+    for credentials in [
+        Credentials::token(&token),
+        Credentials::basic("carol", "pw"),
+    ] {
         let status = server
             .client_with(credentials)
             .es
@@ -247,18 +302,28 @@ async fn a3_user_deletion_revokes_tokens() {
 async fn a4_user_administration_errors() {
     let server = TestServer::start().await;
     let mut admin = server.client();
-    let users = admin.admin.list_users(pb::ListUsersRequest {}).await.expect("list").into_inner().users;
+    let users = admin
+        .admin
+        .list_users(pb::ListUsersRequest {})
+        .await
+        .expect("list")
+        .into_inner()
+        .users;
     let admin_id = users[0].user_id.clone();
 
     let own = admin
         .admin
-        .delete_user(pb::DeleteUserRequest { user_id: admin_id.clone() })
+        .delete_user(pb::DeleteUserRequest {
+            user_id: admin_id.clone(),
+        })
         .await
         .expect_err("self");
     assert_eq!(own.code(), Code::FailedPrecondition);
     let unknown = admin
         .admin
-        .delete_user(pb::DeleteUserRequest { user_id: "no-such-user".into() })
+        .delete_user(pb::DeleteUserRequest {
+            user_id: "no-such-user".into(),
+        })
         .await
         .expect_err("unknown");
     assert_eq!(unknown.code(), Code::NotFound);
@@ -285,13 +350,25 @@ async fn a4_user_administration_errors() {
         .expect_err("wrong current");
     assert_eq!(wrong.code(), Code::Unauthenticated);
     // Nothing changed: the admin still logs in with the old password.
-    server.client().es.ping(pb::PingRequest {}).await.expect("unchanged");
+    server
+        .client()
+        .es
+        .ping(pb::PingRequest {})
+        .await
+        .expect("unchanged");
 
-    let count = admin.admin.get_user_count(pb::GetUserCountRequest {}).await.expect("count");
+    let count = admin
+        .admin
+        .get_user_count(pb::GetUserCountRequest {})
+        .await
+        .expect("count");
     assert_eq!(count.into_inner().count, 2);
     let valid = admin
         .admin
-        .validate_credentials(pb::ValidateCredentialsRequest { username: "dave".into(), password: "pw".into() })
+        .validate_credentials(pb::ValidateCredentialsRequest {
+            username: "dave".into(),
+            password: "pw".into(),
+        })
         .await
         .expect("validate")
         .into_inner();
@@ -299,7 +376,10 @@ async fn a4_user_administration_errors() {
     assert_eq!(valid.user.expect("user").username, "dave");
     let invalid = admin
         .admin
-        .validate_credentials(pb::ValidateCredentialsRequest { username: "dave".into(), password: "no".into() })
+        .validate_credentials(pb::ValidateCredentialsRequest {
+            username: "dave".into(),
+            password: "no".into(),
+        })
         .await
         .expect("validate")
         .into_inner();

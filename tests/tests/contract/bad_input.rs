@@ -62,9 +62,10 @@ async fn raw_unary(server: &TestServer, path: &'static str, body: Vec<u8>) -> to
     let mut grpc = tonic::client::Grpc::new(server.channel());
     grpc.ready().await.expect("ready");
     let mut request = tonic::Request::new(body);
-    request
-        .metadata_mut()
-        .insert("authorization", "Basic YWRtaW46Y2hhbmdlaXQ=".parse().expect("header"));
+    request.metadata_mut().insert(
+        "authorization",
+        "Basic YWRtaW46Y2hhbmdlaXQ=".parse().expect("header"),
+    );
     match grpc
         .unary(request, http::uri::PathAndQuery::from_static(path), Raw)
         .await
@@ -76,21 +77,42 @@ async fn raw_unary(server: &TestServer, path: &'static str, body: Vec<u8>) -> to
 
 async fn still_serving(server: &TestServer) {
     let mut c = server.client();
-    c.es.ping(pb::PingRequest {}).await.expect("server still serves");
-    c.save("default", vec![event("T", "{}")], vec![]).await.expect("and writes");
+    c.es.ping(pb::PingRequest {})
+        .await
+        .expect("server still serves");
+    c.save("default", vec![event("T", "{}")], vec![])
+        .await
+        .expect("and writes");
 }
 
 #[tokio::test]
 async fn malformed_protobuf_is_invalid_argument() {
     let server = TestServer::start().await;
-    for garbage in [vec![0xff, 0xff, 0xff, 0xff, 0xff], vec![0x0a, 0x50, 0x01], vec![0x12; 7], vec![0x08]] {
+    for garbage in [
+        vec![0xff, 0xff, 0xff, 0xff, 0xff],
+        vec![0x0a, 0x50, 0x01],
+        vec![0x12; 7],
+        vec![0x08],
+    ] {
         let status = raw_unary(&server, "/orisun.EventStore/SaveEventsV2", garbage.clone()).await;
-        assert_eq!(status.code(), Code::InvalidArgument, "{garbage:?}: {status:?}");
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{garbage:?}: {status:?}"
+        );
         let status = raw_unary(&server, "/orisun.EventStore/GetEvents", garbage.clone()).await;
-        assert_eq!(status.code(), Code::InvalidArgument, "{garbage:?}: {status:?}");
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{garbage:?}: {status:?}"
+        );
     }
     still_serving(&server).await;
-    assert_eq!(server.client().read_all("default").await.len(), 1, "garbage wrote nothing");
+    assert_eq!(
+        server.client().read_all("default").await.len(),
+        1,
+        "garbage wrote nothing"
+    );
 }
 
 #[tokio::test]
@@ -113,9 +135,16 @@ async fn oversized_messages_are_refused() {
     let server = TestServer::start_with(|c| c.max_message_bytes = 1024 * 1024).await;
     let mut c = server.client();
     let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(2 * 1024 * 1024));
-    let status = c.save("default", vec![event("T", &big)], vec![]).await.expect_err("too big");
+    let status = c
+        .save("default", vec![event("T", &big)], vec![])
+        .await
+        .expect_err("too big");
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
-    assert!(status.message().contains("too large"), "{}", status.message());
+    assert!(
+        status.message().contains("too large"),
+        "{}",
+        status.message()
+    );
     still_serving(&server).await;
 }
 
@@ -125,12 +154,21 @@ async fn deep_json_nesting_is_invalid_argument() {
     let mut c = server.client();
     for depth in [129, 10_000, 100_000] {
         let deep = format!(r#"{{"a":{}1{}}}"#, "[".repeat(depth), "]".repeat(depth));
-        let status = c.save("default", vec![event("T", &deep)], vec![]).await.expect_err("deep");
+        let status = c
+            .save("default", vec![event("T", &deep)], vec![])
+            .await
+            .expect_err("deep");
         assert_eq!(status.code(), Code::InvalidArgument, "{depth}");
-        assert!(status.message().contains("recursion limit"), "{}", status.message());
+        assert!(
+            status.message().contains("recursion limit"),
+            "{}",
+            status.message()
+        );
     }
     let ok = format!(r#"{{"a":{}1{}}}"#, "[".repeat(100), "]".repeat(100));
-    c.save("default", vec![event("T", &ok)], vec![]).await.expect("100 levels are fine");
+    c.save("default", vec![event("T", &ok)], vec![])
+        .await
+        .expect("100 levels are fine");
     still_serving(&server).await;
 }
 
@@ -138,21 +176,32 @@ async fn deep_json_nesting_is_invalid_argument() {
 async fn ten_thousand_criterion_queries_are_invalid_argument() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    let huge: Vec<pb::Criterion> = (0..10_000).map(|i| criterion(&[("k", &i.to_string())])).collect();
+    let huge: Vec<pb::Criterion> = (0..10_000)
+        .map(|i| criterion(&[("k", &i.to_string())]))
+        .collect();
     let q = query(huge.clone());
-    let status = c.read("default", Some(q.clone()), None, 10, pb::Direction::Asc).await.expect_err("read");
+    let status = c
+        .read("default", Some(q.clone()), None, 10, pb::Direction::Asc)
+        .await
+        .expect_err("read");
     assert_eq!(status.code(), Code::InvalidArgument);
-    assert_eq!(status.message(), "query has 10000 criteria; the limit is 4096");
+    assert_eq!(
+        status.message(),
+        "query has 10000 criteria; the limit is 4096"
+    );
     let status = c.latest("default", huge).await.expect_err("latest");
     assert_eq!(status.code(), Code::InvalidArgument);
     let status = c
-        .save("default", vec![event("T", "{}")], vec![observe(q.clone(), none_pos())])
+        .save(
+            "default",
+            vec![event("T", "{}")],
+            vec![observe(q.clone(), none_pos())],
+        )
         .await
         .expect_err("observation");
     assert_eq!(status.code(), Code::InvalidArgument);
-    let status = c
-        .es
-        .catch_up_subscribe_to_events(pb::CatchUpSubscribeToEventStoreRequest {
+    let status =
+        c.es.catch_up_subscribe_to_events(pb::CatchUpSubscribeToEventStoreRequest {
             after_position: None,
             query: Some(q),
             subscriber_name: "s".into(),
@@ -163,10 +212,23 @@ async fn ten_thousand_criterion_queries_are_invalid_argument() {
     assert_eq!(status.code(), Code::InvalidArgument);
     // At the limit it is served (from the index, not by scanning).
     for i in 0..10 {
-        c.save("default", vec![event("T", &format!(r#"{{"k":"{}"}}"#, i * 400))], vec![]).await.expect("w");
+        c.save(
+            "default",
+            vec![event("T", &format!(r#"{{"k":"{}"}}"#, i * 400))],
+            vec![],
+        )
+        .await
+        .expect("w");
     }
-    let at_limit = query((0..4096).map(|i| criterion(&[("k", &i.to_string())])).collect());
-    let found = c.read("default", Some(at_limit), None, 100, pb::Direction::Asc).await.expect("4096 criteria");
+    let at_limit = query(
+        (0..4096)
+            .map(|i| criterion(&[("k", &i.to_string())]))
+            .collect(),
+    );
+    let found = c
+        .read("default", Some(at_limit), None, 100, pb::Direction::Asc)
+        .await
+        .expect("4096 criteria");
     assert_eq!(found.len(), 10);
     still_serving(&server).await;
 }

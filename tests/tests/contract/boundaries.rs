@@ -10,14 +10,20 @@ async fn b1_boundary_names_are_identifiers() {
     for bad in ["", "1abc", "a-b", "a b", "ünï", "a.b", &"x".repeat(64)] {
         let status = c
             .admin
-            .create_boundary(pb::CreateBoundaryRequest { name: bad.to_string(), ..Default::default() })
+            .create_boundary(pb::CreateBoundaryRequest {
+                name: bad.to_string(),
+                ..Default::default()
+            })
             .await
             .expect_err("invalid name");
         assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}");
     }
     for good in ["_x", "Orders_2", &"y".repeat(63)] {
         c.admin
-            .create_boundary(pb::CreateBoundaryRequest { name: good.to_string(), ..Default::default() })
+            .create_boundary(pb::CreateBoundaryRequest {
+                name: good.to_string(),
+                ..Default::default()
+            })
             .await
             .expect("valid name");
     }
@@ -30,8 +36,16 @@ async fn b2_every_event_store_rpc_gates_on_the_boundary() {
     let q = query(vec![criterion(&[("a", "1")])]);
     let expect_gate = |r: Result<(), tonic::Status>, what: &str| {
         let status = r.expect_err(what);
-        assert_eq!(status.code(), Code::FailedPrecondition, "{what}: {status:?}");
-        assert_eq!(status.message(), "boundary \"nope\" is not active", "{what}");
+        assert_eq!(
+            status.code(),
+            Code::FailedPrecondition,
+            "{what}: {status:?}"
+        );
+        assert_eq!(
+            status.message(),
+            "boundary \"nope\" is not active",
+            "{what}"
+        );
     };
     expect_gate(
         c.es.save_events(pb::SaveEventsRequest {
@@ -43,15 +57,31 @@ async fn b2_every_event_store_rpc_gates_on_the_boundary() {
         .map(|_| ()),
         "SaveEvents",
     );
-    expect_gate(c.save("nope", vec![event("T", "{}")], vec![]).await.map(|_| ()), "SaveEventsV2");
     expect_gate(
-        c.es.get_write_context(pb::GetWriteContextRequest { boundary: "nope".into(), write_id: "1:0".into() })
+        c.save("nope", vec![event("T", "{}")], vec![])
             .await
             .map(|_| ()),
+        "SaveEventsV2",
+    );
+    expect_gate(
+        c.es.get_write_context(pb::GetWriteContextRequest {
+            boundary: "nope".into(),
+            write_id: "1:0".into(),
+        })
+        .await
+        .map(|_| ()),
         "GetWriteContext",
     );
-    expect_gate(c.read("nope", None, None, 10, pb::Direction::Asc).await.map(|_| ()), "GetEvents");
-    expect_gate(c.latest("nope", q.criteria.clone()).await.map(|_| ()), "GetLatestByCriteria");
+    expect_gate(
+        c.read("nope", None, None, 10, pb::Direction::Asc)
+            .await
+            .map(|_| ()),
+        "GetEvents",
+    );
+    expect_gate(
+        c.latest("nope", q.criteria.clone()).await.map(|_| ()),
+        "GetLatestByCriteria",
+    );
     expect_gate(
         c.es.catch_up_subscribe_to_events(pb::CatchUpSubscribeToEventStoreRequest {
             after_position: None,
@@ -67,7 +97,10 @@ async fn b2_every_event_store_rpc_gates_on_the_boundary() {
         c.es.create_index(pb::CreateIndexRequest {
             boundary: "nope".into(),
             name: "i".into(),
-            fields: vec![pb::IndexField { json_key: "a".into(), value_type: 0 }],
+            fields: vec![pb::IndexField {
+                json_key: "a".into(),
+                value_type: 0,
+            }],
             ..Default::default()
         })
         .await
@@ -75,34 +108,47 @@ async fn b2_every_event_store_rpc_gates_on_the_boundary() {
         "CreateIndex",
     );
     expect_gate(
-        c.es.drop_index(pb::DropIndexRequest { boundary: "nope".into(), name: "i".into() })
-            .await
-            .map(|_| ()),
+        c.es.drop_index(pb::DropIndexRequest {
+            boundary: "nope".into(),
+            name: "i".into(),
+        })
+        .await
+        .map(|_| ()),
         "DropIndex",
     );
     expect_gate(
-        c.es.list_indexes(pb::ListIndexesRequest { boundary: "nope".into() }).await.map(|_| ()),
+        c.es.list_indexes(pb::ListIndexesRequest {
+            boundary: "nope".into(),
+        })
+        .await
+        .map(|_| ()),
         "ListIndexes",
     );
     expect_gate(
-        c.es.get_index(pb::GetIndexRequest { boundary: "nope".into(), name: "i".into() })
-            .await
-            .map(|_| ()),
+        c.es.get_index(pb::GetIndexRequest {
+            boundary: "nope".into(),
+            name: "i".into(),
+        })
+        .await
+        .map(|_| ()),
         "GetIndex",
     );
     expect_gate(
         c.admin
-            .get_event_count(pb::GetEventCountRequest { boundary: "nope".into() })
+            .get_event_count(pb::GetEventCountRequest {
+                boundary: "nope".into(),
+            })
             .await
             .map(|_| ()),
         "GetEventCount",
     );
     // Once created, the same calls work.
     server.create_boundary("nope").await;
-    c.save("nope", vec![event("T", "{}")], vec![]).await.expect("now active");
-    let mut sub = c
-        .es
-        .catch_up_subscribe_to_events(pb::CatchUpSubscribeToEventStoreRequest {
+    c.save("nope", vec![event("T", "{}")], vec![])
+        .await
+        .expect("now active");
+    let mut sub =
+        c.es.catch_up_subscribe_to_events(pb::CatchUpSubscribeToEventStoreRequest {
             after_position: Some(pos(0, 0)),
             query: None,
             subscriber_name: "s".into(),
@@ -123,7 +169,10 @@ async fn b3_create_get_list_and_duplicates() {
         .create_boundary(pb::CreateBoundaryRequest {
             name: "orders".into(),
             description: "order events".into(),
-            placement: Some(pb::BoundaryPlacementInput { backend: "any".into(), namespace: "ns".into() }),
+            placement: Some(pb::BoundaryPlacementInput {
+                backend: "any".into(),
+                namespace: "ns".into(),
+            }),
             existed_before_catalog: false,
         })
         .await
@@ -133,18 +182,26 @@ async fn b3_create_get_list_and_duplicates() {
         .expect("boundary");
     assert_eq!(created.status, pb::BoundaryLifecycleStatus::Active as i32);
     assert_eq!(created.description, "order events");
-    assert_eq!(created.placement.as_ref().expect("placement").namespace, "ns");
+    assert_eq!(
+        created.placement.as_ref().expect("placement").namespace,
+        "ns"
+    );
 
     let duplicate = c
         .admin
-        .create_boundary(pb::CreateBoundaryRequest { name: "orders".into(), ..Default::default() })
+        .create_boundary(pb::CreateBoundaryRequest {
+            name: "orders".into(),
+            ..Default::default()
+        })
         .await
         .expect_err("duplicate");
     assert_eq!(duplicate.code(), Code::AlreadyExists);
 
     let got = c
         .admin
-        .get_boundary(pb::GetBoundaryRequest { name: "orders".into() })
+        .get_boundary(pb::GetBoundaryRequest {
+            name: "orders".into(),
+        })
         .await
         .expect("get")
         .into_inner()
@@ -153,7 +210,9 @@ async fn b3_create_get_list_and_duplicates() {
     assert_eq!(got, created);
     let missing = c
         .admin
-        .get_boundary(pb::GetBoundaryRequest { name: "ghost".into() })
+        .get_boundary(pb::GetBoundaryRequest {
+            name: "ghost".into(),
+        })
         .await
         .expect_err("unknown");
     assert_eq!(missing.code(), Code::NotFound);
@@ -178,7 +237,9 @@ async fn b4_declared_boundaries_are_created_idempotently_and_survive_restarts() 
     let server = TestServer::start_with(declare).await;
     server.create_boundary("gamma").await;
     let mut c = server.client();
-    c.save("alpha", vec![event("T", "{}")], vec![]).await.expect("alpha is active");
+    c.save("alpha", vec![event("T", "{}")], vec![])
+        .await
+        .expect("alpha is active");
     let before = c
         .admin
         .list_boundaries(pb::ListBoundariesRequest {})
@@ -198,11 +259,16 @@ async fn b4_declared_boundaries_are_created_idempotently_and_survive_restarts() 
         .expect("list")
         .into_inner()
         .boundaries;
-    assert_eq!(after, before, "same boundaries, definition and status positions");
+    assert_eq!(
+        after, before,
+        "same boundaries, definition and status positions"
+    );
     let count = server
         .client()
         .admin
-        .get_event_count(pb::GetEventCountRequest { boundary: "alpha".into() })
+        .get_event_count(pb::GetEventCountRequest {
+            boundary: "alpha".into(),
+        })
         .await
         .expect("count")
         .into_inner()

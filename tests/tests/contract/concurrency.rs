@@ -14,7 +14,11 @@ async fn c3_sixteen_racers_on_one_context_exactly_one_wins_per_round() {
     let context = query(vec![criterion(&[("counter", "c1")])]);
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        clients.push(server.new_connection(Credentials::basic("admin", "changeit")).await);
+        clients.push(
+            server
+                .new_connection(Credentials::basic("admin", "changeit"))
+                .await,
+        );
     }
     let mut observed = none_pos();
     for round in 0..ROUNDS {
@@ -28,7 +32,10 @@ async fn c3_sixteen_racers_on_one_context_exactly_one_wins_per_round() {
                 barrier.wait().await;
                 c.save(
                     "default",
-                    vec![event("Incremented", &format!(r#"{{"counter":"c1","by":{i}}}"#))],
+                    vec![event(
+                        "Incremented",
+                        &format!(r#"{{"counter":"c1","by":{i}}}"#),
+                    )],
                     vec![obs],
                 )
                 .await
@@ -40,7 +47,11 @@ async fn c3_sixteen_racers_on_one_context_exactly_one_wins_per_round() {
                 Ok(r) => winners.push(r),
                 Err(status) => {
                     assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
-                    assert!(status.message().starts_with("OptimisticConcurrencyException"));
+                    assert!(
+                        status
+                            .message()
+                            .starts_with("OptimisticConcurrencyException")
+                    );
                 }
             }
         }
@@ -66,7 +77,10 @@ async fn seed_account_scenario_never_overdraws() {
         admin
             .save(
                 "default",
-                vec![event("AccountOpened", &format!(r#"{{"accountId":"acc-{a}","balance":{OPENING_BALANCE}}}"#))],
+                vec![event(
+                    "AccountOpened",
+                    &format!(r#"{{"accountId":"acc-{a}","balance":{OPENING_BALANCE}}}"#),
+                )],
                 vec![],
             )
             .await
@@ -74,13 +88,21 @@ async fn seed_account_scenario_never_overdraws() {
     }
     let context = |a: usize| {
         vec![
-            criterion(&[("eventType", "AccountOpened"), ("accountId", &format!("acc-{a}"))]),
-            criterion(&[("eventType", "MoneyDebited"), ("scopes.accountOpenedId", &format!("acc-{a}"))]),
+            criterion(&[
+                ("eventType", "AccountOpened"),
+                ("accountId", &format!("acc-{a}")),
+            ]),
+            criterion(&[
+                ("eventType", "MoneyDebited"),
+                ("scopes.accountOpenedId", &format!("acc-{a}")),
+            ]),
         ]
     };
     let mut tasks = Vec::new();
     for client in 0..CLIENTS {
-        let mut c = server.new_connection(Credentials::basic("admin", "changeit")).await;
+        let mut c = server
+            .new_connection(Credentials::basic("admin", "changeit"))
+            .await;
         tasks.push(tokio::spawn(async move {
             let (mut debits, mut refusals, mut retries) = (0, 0, 0);
             for attempt in 0..ATTEMPTS_PER_CLIENT {
@@ -139,19 +161,32 @@ async fn seed_account_scenario_never_overdraws() {
         let data: serde_json::Value = serde_json::from_str(&e.data).expect("json");
         match e.event_type.as_str() {
             "AccountOpened" => {
-                balances.insert(data["accountId"].as_str().expect("id").into(), OPENING_BALANCE);
+                balances.insert(
+                    data["accountId"].as_str().expect("id").into(),
+                    OPENING_BALANCE,
+                );
             }
             "MoneyDebited" => {
                 debited += 1;
-                let account = data["scopes.accountOpenedId"].as_str().expect("scope").to_string();
+                let account = data["scopes.accountOpenedId"]
+                    .as_str()
+                    .expect("scope")
+                    .to_string();
                 let b = balances.get_mut(&account).expect("opened before debited");
                 *b -= data["amount"].as_i64().expect("amount");
                 assert!(*b >= 0, "{account} overdrawn at {:?}", e.position);
-                assert_eq!(data["balance"].as_i64(), Some(*b), "recorded balance equals replay");
+                assert_eq!(
+                    data["balance"].as_i64(),
+                    Some(*b),
+                    "recorded balance equals replay"
+                );
             }
             other => panic!("unexpected event {other}"),
         }
     }
-    assert_eq!(debited, debits, "every acknowledged debit is in the log, nothing else");
+    assert_eq!(
+        debited, debits,
+        "every acknowledged debit is in the log, nothing else"
+    );
     let _ = pb::Direction::Asc;
 }

@@ -10,7 +10,10 @@ async fn count(c: &mut Client) -> usize {
 async fn e1_events_type_and_id_are_required() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    let empty = c.save("default", vec![], vec![]).await.expect_err("no events");
+    let empty = c
+        .save("default", vec![], vec![])
+        .await
+        .expect_err("no events");
     assert_eq!(empty.code(), Code::InvalidArgument);
     let mut no_type = event("", "{}");
     no_type.event_type.clear();
@@ -22,23 +25,36 @@ async fn e1_events_type_and_id_are_required() {
     assert!(status.message().contains("event 1"), "{}", status.message());
     let mut no_id = event("T", "{}");
     no_id.event_id.clear();
-    let status = c.save("default", vec![no_id], vec![]).await.expect_err("no id");
+    let status = c
+        .save("default", vec![no_id], vec![])
+        .await
+        .expect_err("no id");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(count(&mut c).await, 0, "nothing was written");
     let mut any_id = event("T", "{}");
     any_id.event_id = "not-a-uuid at all".into();
-    c.save("default", vec![any_id], vec![]).await.expect("any non-empty id");
+    c.save("default", vec![any_id], vec![])
+        .await
+        .expect("any non-empty id");
 }
 
 #[tokio::test]
 async fn e2_data_and_metadata_must_be_json_objects() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    for (data, stored) in [("", "{}"), ("null", "{}"), ("{}", "{}"), (r#"{"a":1}"#, r#"{"a":1}"#)] {
+    for (data, stored) in [
+        ("", "{}"),
+        ("null", "{}"),
+        ("{}", "{}"),
+        (r#"{"a":1}"#, r#"{"a":1}"#),
+    ] {
         let mut e = event("T", data);
         e.metadata = data.to_string();
         c.save("default", vec![e], vec![]).await.expect("accepted");
-        let last = c.read("default", None, None, 1, pb::Direction::Desc).await.expect("read");
+        let last = c
+            .read("default", None, None, 1, pb::Direction::Desc)
+            .await
+            .expect("read");
         assert_eq!(last[0].data, stored);
         assert_eq!(last[0].metadata, stored);
     }
@@ -48,12 +64,23 @@ async fn e2_data_and_metadata_must_be_json_objects() {
             .await
             .expect_err("not an object");
         assert_eq!(status.code(), Code::InvalidArgument, "{bad}");
-        assert!(status.message().starts_with("event 1 data"), "{bad}: {}", status.message());
+        assert!(
+            status.message().starts_with("event 1 data"),
+            "{bad}: {}",
+            status.message()
+        );
         let mut e = event("T", "{}");
         e.metadata = bad.to_string();
-        let status = c.save("default", vec![e], vec![]).await.expect_err("metadata");
+        let status = c
+            .save("default", vec![e], vec![])
+            .await
+            .expect_err("metadata");
         assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(status.message().starts_with("event 0 metadata"), "{}", status.message());
+        assert!(
+            status.message().starts_with("event 0 metadata"),
+            "{}",
+            status.message()
+        );
     }
     assert_eq!(count(&mut c).await, 4);
 }
@@ -77,14 +104,20 @@ async fn e3_event_type_is_canonical_in_data_and_omitted_on_read() {
     let mut c = server.client();
     c.save(
         "default",
-        vec![event("AccountOpened", r#"{"eventType":"Spoofed","id":"a1"}"#)],
+        vec![event(
+            "AccountOpened",
+            r#"{"eventType":"Spoofed","id":"a1"}"#,
+        )],
         vec![],
     )
     .await
     .expect("saved");
     let stored = &c.read_all("default").await[0];
     assert_eq!(stored.event_type, "AccountOpened");
-    assert_eq!(stored.data, r#"{"id":"a1"}"#, "eventType is not in returned data");
+    assert_eq!(
+        stored.data, r#"{"id":"a1"}"#,
+        "eventType is not in returned data"
+    );
     let by_type = c
         .read(
             "default",
@@ -106,7 +139,10 @@ async fn e3_event_type_is_canonical_in_data_and_omitted_on_read() {
         )
         .await
         .expect("read");
-    assert!(spoofed.is_empty(), "the request's event_type overwrote the app key");
+    assert!(
+        spoofed.is_empty(),
+        "the request's event_type overwrote the app key"
+    );
 }
 
 #[tokio::test]
@@ -114,8 +150,12 @@ async fn e4_event_ids_are_not_deduplicated() {
     let server = TestServer::start().await;
     let mut c = server.client();
     let e = event("T", "{}");
-    c.save("default", vec![e.clone()], vec![]).await.expect("first");
-    c.save("default", vec![e.clone(), e.clone()], vec![]).await.expect("again");
+    c.save("default", vec![e.clone()], vec![])
+        .await
+        .expect("first");
+    c.save("default", vec![e.clone(), e.clone()], vec![])
+        .await
+        .expect("again");
     let all = c.read_all("default").await;
     assert_eq!(all.len(), 3);
     assert!(all.iter().all(|x| x.event_id == e.event_id));

@@ -1,15 +1,19 @@
 use cairn_tests::orisun as pb;
 use cairn_tests::*;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 #[tokio::test]
 async fn ping_and_server_info() {
     let server = TestServer::start().await;
     let mut c = server.client();
     c.es.ping(pb::PingRequest {}).await.expect("ping");
-    let info = c.es.get_server_info(pb::GetServerInfoRequest {}).await.expect("info").into_inner();
+    let info =
+        c.es.get_server_info(pb::GetServerInfoRequest {})
+            .await
+            .expect("info")
+            .into_inner();
     assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
     assert!(!info.git_commit.is_empty());
     assert!(!info.build_time.is_empty());
@@ -22,7 +26,13 @@ async fn ping_and_server_info() {
     // A new process start gets a new node id.
     let dir = server.stop().await;
     let again = TestServer::start_in(dir, |_| {}).await;
-    let info2 = again.client().es.get_server_info(pb::GetServerInfoRequest {}).await.expect("info").into_inner();
+    let info2 = again
+        .client()
+        .es
+        .get_server_info(pb::GetServerInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
     assert_ne!(info2.node_id, info.node_id);
 }
 
@@ -32,7 +42,9 @@ async fn health_reports_serving_for_the_server_and_both_services() {
     let mut health = HealthClient::new(server.channel());
     for service in ["", "orisun.EventStore", "orisun.Admin"] {
         let status = health
-            .check(HealthCheckRequest { service: service.to_string() })
+            .check(HealthCheckRequest {
+                service: service.to_string(),
+            })
             .await
             .expect("check")
             .into_inner()
@@ -40,7 +52,9 @@ async fn health_reports_serving_for_the_server_and_both_services() {
         assert_eq!(status, ServingStatus::Serving as i32, "{service:?}");
     }
     let unknown = health
-        .check(HealthCheckRequest { service: "nope".into() })
+        .check(HealthCheckRequest {
+            service: "nope".into(),
+        })
         .await
         .expect_err("unknown service");
     assert_eq!(unknown.code(), tonic::Code::NotFound);
@@ -54,8 +68,12 @@ async fn health_is_not_serving_until_the_node_can_serve() {
     let data = dir.path().join("data");
     let holder = cairn_store::Store::open(data.join("db"), &cairn_store::StoreOptions::default())
         .expect("hold the directory");
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = grpc.local_addr().expect("addr");
     let starting = tokio::spawn(cairn_server::start_on(
         cairn_server::ServeConfig::for_test(data),
@@ -70,7 +88,9 @@ async fn health_is_not_serving_until_the_node_can_serve() {
     let mut health = HealthClient::new(channel.clone());
     for _ in 0..3 {
         let status = health
-            .check(HealthCheckRequest { service: String::new() })
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
             .await
             .expect("check")
             .into_inner()
@@ -86,9 +106,14 @@ async fn health_is_not_serving_until_the_node_can_serve() {
     assert!(!starting.is_finished());
 
     drop(holder);
-    let server = starting.await.expect("join").expect("starts once the directory is free");
+    let server = starting
+        .await
+        .expect("join")
+        .expect("starts once the directory is free");
     let status = health
-        .check(HealthCheckRequest { service: "orisun.EventStore".into() })
+        .check(HealthCheckRequest {
+            service: "orisun.EventStore".into(),
+        })
         .await
         .expect("check")
         .into_inner()
@@ -106,9 +131,11 @@ async fn http_probes_and_metrics() {
         async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-                .await
-                .expect("write");
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .expect("write");
             let mut out = String::new();
             s.read_to_string(&mut out).await.expect("read");
             out
@@ -117,16 +144,30 @@ async fn http_probes_and_metrics() {
     assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
     assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
     let mut c = server.client();
-    c.save("default", vec![event("T", "{}"), event("T", "{}")], vec![]).await.expect("write");
-    c.save("default", vec![event("T", "{}")], vec![observe(query(vec![criterion(&[("eventType", "T")])]), none_pos())])
+    c.save("default", vec![event("T", "{}"), event("T", "{}")], vec![])
         .await
-        .expect_err("conflict");
+        .expect("write");
+    c.save(
+        "default",
+        vec![event("T", "{}")],
+        vec![observe(
+            query(vec![criterion(&[("eventType", "T")])]),
+            none_pos(),
+        )],
+    )
+    .await
+    .expect_err("conflict");
     let metrics = get("/metrics").await;
-    assert!(metrics.contains("cairn_events_committed_total{boundary=\"default\"} 2"), "{metrics}");
+    assert!(
+        metrics.contains("cairn_events_committed_total{boundary=\"default\"} 2"),
+        "{metrics}"
+    );
     assert!(metrics.contains("cairn_writes_committed_total{boundary=\"default\"} 1"));
     assert!(metrics.contains("cairn_ccc_conflicts_total{boundary=\"default\"} 1"));
     assert!(metrics.contains(
         "cairn_grpc_requests_total{code=\"ALREADY_EXISTS\",method=\"orisun.EventStore/SaveEventsV2\"} 1"
     ));
-    assert!(metrics.contains("cairn_grpc_requests_total{code=\"OK\",method=\"orisun.EventStore/SaveEventsV2\"} 1"));
+    assert!(metrics.contains(
+        "cairn_grpc_requests_total{code=\"OK\",method=\"orisun.EventStore/SaveEventsV2\"} 1"
+    ));
 }

@@ -15,17 +15,43 @@ async fn matching(c: &mut Client, q: pb::Query) -> Vec<i64> {
 async fn q1_queries_are_or_of_and() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    for data in [r#"{"a":"1","b":"1"}"#, r#"{"a":"1","b":"2"}"#, r#"{"a":"2","b":"1"}"#] {
-        c.save("default", vec![event("T", data)], vec![]).await.expect("write");
+    for data in [
+        r#"{"a":"1","b":"1"}"#,
+        r#"{"a":"1","b":"2"}"#,
+        r#"{"a":"2","b":"1"}"#,
+    ] {
+        c.save("default", vec![event("T", data)], vec![])
+            .await
+            .expect("write");
     }
-    assert_eq!(matching(&mut c, query(vec![criterion(&[("a", "1"), ("b", "1")])])).await, vec![0]);
     assert_eq!(
-        matching(&mut c, query(vec![criterion(&[("a", "1"), ("b", "2")]), criterion(&[("a", "2")])])).await,
+        matching(&mut c, query(vec![criterion(&[("a", "1"), ("b", "1")])])).await,
+        vec![0]
+    );
+    assert_eq!(
+        matching(
+            &mut c,
+            query(vec![
+                criterion(&[("a", "1"), ("b", "2")]),
+                criterion(&[("a", "2")])
+            ])
+        )
+        .await,
         vec![1, 2]
     );
-    assert_eq!(matching(&mut c, query(vec![criterion(&[("a", "1")])])).await, vec![0, 1]);
-    assert_eq!(matching(&mut c, query(vec![])).await, vec![0, 1, 2], "zero criteria match all");
-    let all = c.read("default", None, None, 100, pb::Direction::Asc).await.expect("read");
+    assert_eq!(
+        matching(&mut c, query(vec![criterion(&[("a", "1")])])).await,
+        vec![0, 1]
+    );
+    assert_eq!(
+        matching(&mut c, query(vec![])).await,
+        vec![0, 1, 2],
+        "zero criteria match all"
+    );
+    let all = c
+        .read("default", None, None, 100, pb::Direction::Asc)
+        .await
+        .expect("read");
     assert_eq!(all.len(), 3, "no query matches all");
 }
 
@@ -33,14 +59,26 @@ async fn q1_queries_are_or_of_and() {
 async fn q2_keys_are_literal_top_level_keys() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    c.save("default", vec![event("T", r#"{"scopes.accountOpenedId":"acc-1"}"#)], vec![])
-        .await
-        .expect("flat");
-    c.save("default", vec![event("T", r#"{"scopes":{"accountOpenedId":"acc-1"}}"#)], vec![])
-        .await
-        .expect("nested");
+    c.save(
+        "default",
+        vec![event("T", r#"{"scopes.accountOpenedId":"acc-1"}"#)],
+        vec![],
+    )
+    .await
+    .expect("flat");
+    c.save(
+        "default",
+        vec![event("T", r#"{"scopes":{"accountOpenedId":"acc-1"}}"#)],
+        vec![],
+    )
+    .await
+    .expect("nested");
     assert_eq!(
-        matching(&mut c, query(vec![criterion(&[("scopes.accountOpenedId", "acc-1")])])).await,
+        matching(
+            &mut c,
+            query(vec![criterion(&[("scopes.accountOpenedId", "acc-1")])])
+        )
+        .await,
         vec![0]
     );
 }
@@ -62,7 +100,9 @@ async fn q3_scalars_match_by_text() {
         r#"{"v":1.50}"#,
     ];
     for d in datas {
-        c.save("default", vec![event("T", d)], vec![]).await.expect("write");
+        c.save("default", vec![event("T", d)], vec![])
+            .await
+            .expect("write");
     }
     let m = |v: &str| query(vec![criterion(&[("v", v)])]);
     assert_eq!(matching(&mut c, m("42")).await, vec![0, 1]);
@@ -85,10 +125,17 @@ async fn q4_empty_keys_and_nul_are_invalid() {
             .await
             .expect_err("read");
         assert_eq!(status.code(), Code::InvalidArgument, "{tags:?}");
-        let status = c.latest("default", q.criteria.clone()).await.expect_err("latest");
+        let status = c
+            .latest("default", q.criteria.clone())
+            .await
+            .expect_err("latest");
         assert_eq!(status.code(), Code::InvalidArgument);
         let status = c
-            .save("default", vec![event("T", "{}")], vec![observe(q, none_pos())])
+            .save(
+                "default",
+                vec![event("T", "{}")],
+                vec![observe(q, none_pos())],
+            )
             .await
             .expect_err("observation");
         assert_eq!(status.code(), Code::InvalidArgument);

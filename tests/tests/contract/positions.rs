@@ -8,11 +8,18 @@ use cairn_tests::*;
 async fn p1_p2_positions_are_dense_and_shared_by_a_write() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    let first = c.save("default", vec![event("T", "{}")], vec![]).await.expect("first");
+    let first = c
+        .save("default", vec![event("T", "{}")], vec![])
+        .await
+        .expect("first");
     assert_eq!(pair(&first.log_position), (1, 0));
     assert_eq!(first.write_id, "1:0");
     let second = c
-        .save("default", vec![event("T", "{}"), event("T", "{}"), event("T", "{}")], vec![])
+        .save(
+            "default",
+            vec![event("T", "{}"), event("T", "{}"), event("T", "{}")],
+            vec![],
+        )
         .await
         .expect("second");
     assert_eq!(pair(&second.log_position), (4, 3));
@@ -29,19 +36,33 @@ async fn p1_a_first_three_event_write_is_3_0_to_3_2() {
     let server = TestServer::start().await;
     let mut c = server.client();
     let r = c
-        .save("default", vec![event("A", "{}"), event("B", "{}"), event("C", "{}")], vec![])
+        .save(
+            "default",
+            vec![event("A", "{}"), event("B", "{}"), event("C", "{}")],
+            vec![],
+        )
         .await
         .expect("write");
     assert_eq!(pair(&r.log_position), (3, 2));
     let all = c.read_all("default").await;
-    let got: Vec<(String, (i64, i64))> = all.iter().map(|e| (e.event_type.clone(), pair(&e.position))).collect();
+    let got: Vec<(String, (i64, i64))> = all
+        .iter()
+        .map(|e| (e.event_type.clone(), pair(&e.position)))
+        .collect();
     assert_eq!(
         got,
-        vec![("A".into(), (3, 0)), ("B".into(), (3, 1)), ("C".into(), (3, 2))],
+        vec![
+            ("A".into(), (3, 0)),
+            ("B".into(), (3, 1)),
+            ("C".into(), (3, 2))
+        ],
         "request order is position order"
     );
     let created = all[0].date_created.as_ref().expect("date_created");
-    assert!(created.seconds > 1_700_000_000, "stamped by the server clock");
+    assert!(
+        created.seconds > 1_700_000_000,
+        "stamped by the server clock"
+    );
 }
 
 #[tokio::test]
@@ -49,14 +70,25 @@ async fn p3_rejected_writes_consume_no_positions() {
     let server = TestServer::start().await;
     let mut c = server.client();
     let q = query(vec![criterion(&[("k", "v")])]);
-    c.save("default", vec![event("T", r#"{"k":"v"}"#)], vec![]).await.expect("first");
+    c.save("default", vec![event("T", r#"{"k":"v"}"#)], vec![])
+        .await
+        .expect("first");
     for _ in 0..3 {
-        c.save("default", vec![event("T", "{}")], vec![observe(q.clone(), none_pos())])
+        c.save(
+            "default",
+            vec![event("T", "{}")],
+            vec![observe(q.clone(), none_pos())],
+        )
+        .await
+        .expect_err("stale");
+        c.save("default", vec![], vec![])
             .await
-            .expect_err("stale");
-        c.save("default", vec![], vec![]).await.expect_err("invalid");
+            .expect_err("invalid");
     }
-    let next = c.save("default", vec![event("T", "{}")], vec![]).await.expect("next");
+    let next = c
+        .save("default", vec![event("T", "{}")], vec![])
+        .await
+        .expect("next");
     assert_eq!(pair(&next.log_position), (2, 1));
 }
 
@@ -66,32 +98,46 @@ async fn p4_readers_never_see_positions_go_backwards() {
     let done = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     for _ in 0..4 {
-        let mut c = server.new_connection(Credentials::basic("admin", "changeit")).await;
+        let mut c = server
+            .new_connection(Credentials::basic("admin", "changeit"))
+            .await;
         writers.push(tokio::spawn(async move {
             for i in 0..100 {
                 let n = 1 + i % 3;
-                c.save("default", (0..n).map(|_| event("T", "{}")).collect(), vec![])
-                    .await
-                    .expect("write");
+                c.save(
+                    "default",
+                    (0..n).map(|_| event("T", "{}")).collect(),
+                    vec![],
+                )
+                .await
+                .expect("write");
             }
         }));
     }
     let mut readers = Vec::new();
     for _ in 0..2 {
-        let mut c = server.new_connection(Credentials::basic("admin", "changeit")).await;
+        let mut c = server
+            .new_connection(Credentials::basic("admin", "changeit"))
+            .await;
         let done = done.clone();
         readers.push(tokio::spawn(async move {
             let mut seen = (-1, -1);
             let mut observations = 0;
             while !done.load(Ordering::Acquire) {
-                let newest = c.read("default", None, None, 1, pb::Direction::Desc).await.expect("read");
+                let newest = c
+                    .read("default", None, None, 1, pb::Direction::Desc)
+                    .await
+                    .expect("read");
                 if let Some(e) = newest.first() {
                     let p = pair(&e.position);
                     assert!(p >= seen, "saw {p:?} after {seen:?}");
                     seen = p;
                     observations += 1;
                 }
-                let latest = c.latest("default", vec![criterion(&[("eventType", "T")])]).await.expect("latest");
+                let latest = c
+                    .latest("default", vec![criterion(&[("eventType", "T")])])
+                    .await
+                    .expect("latest");
                 let p = pair(&latest.context_position);
                 assert!(p >= seen, "latest {p:?} after {seen:?}");
                 seen = p;
@@ -109,5 +155,8 @@ async fn p4_readers_never_see_positions_go_backwards() {
     let all = server.client().read_all("default").await;
     let prepares: Vec<i64> = all.iter().map(|e| pair(&e.position).1).collect();
     assert_eq!(prepares, (0..all.len() as i64).collect::<Vec<_>>(), "dense");
-    assert!(all.windows(2).all(|w| pair(&w[0].position) < pair(&w[1].position)));
+    assert!(
+        all.windows(2)
+            .all(|w| pair(&w[0].position) < pair(&w[1].position))
+    );
 }

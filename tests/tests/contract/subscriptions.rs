@@ -7,7 +7,11 @@ use futures::StreamExt;
 use tonic::Code;
 use tonic::codec::Streaming;
 
-fn request(name: &str, after: Option<pb::Position>, q: Option<pb::Query>) -> pb::CatchUpSubscribeToEventStoreRequest {
+fn request(
+    name: &str,
+    after: Option<pb::Position>,
+    q: Option<pb::Query>,
+) -> pb::CatchUpSubscribeToEventStoreRequest {
     pb::CatchUpSubscribeToEventStoreRequest {
         after_position: after,
         query: q,
@@ -16,8 +20,13 @@ fn request(name: &str, after: Option<pb::Position>, q: Option<pb::Query>) -> pb:
     }
 }
 
-async fn subscribe(c: &mut Client, r: pb::CatchUpSubscribeToEventStoreRequest) -> Result<Streaming<pb::Event>, tonic::Status> {
-    c.es.catch_up_subscribe_to_events(r).await.map(|s| s.into_inner())
+async fn subscribe(
+    c: &mut Client,
+    r: pb::CatchUpSubscribeToEventStoreRequest,
+) -> Result<Streaming<pb::Event>, tonic::Status> {
+    c.es.catch_up_subscribe_to_events(r)
+        .await
+        .map(|s| s.into_inner())
 }
 
 async fn take(stream: &mut Streaming<pb::Event>, n: usize) -> Vec<pb::Event> {
@@ -35,7 +44,9 @@ async fn take(stream: &mut Streaming<pb::Event>, n: usize) -> Vec<pb::Event> {
 
 async fn write_n(c: &mut Client, data: &[&str]) {
     for d in data {
-        c.save("default", vec![event("T", d)], vec![]).await.expect("write");
+        c.save("default", vec![event("T", d)], vec![])
+            .await
+            .expect("write");
     }
 }
 
@@ -45,8 +56,13 @@ async fn s1_gate_comes_first_and_subscriber_name_is_required() {
     let mut c = server.client();
     let mut r = request("s", None, None);
     r.boundary = "nope".into();
-    assert_eq!(subscribe(&mut c, r).await.expect_err("gate").code(), Code::FailedPrecondition);
-    let status = subscribe(&mut c, request("", None, None)).await.expect_err("name");
+    assert_eq!(
+        subscribe(&mut c, r).await.expect_err("gate").code(),
+        Code::FailedPrecondition
+    );
+    let status = subscribe(&mut c, request("", None, None))
+        .await
+        .expect_err("name");
     assert_eq!(status.code(), Code::InvalidArgument);
 }
 
@@ -54,8 +70,12 @@ async fn s1_gate_comes_first_and_subscriber_name_is_required() {
 async fn s1_leases_are_exclusive_and_released_on_close() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    let first = subscribe(&mut c, request("worker", Some(pos(0, 0)), None)).await.expect("first");
-    let second = subscribe(&mut c, request("worker", Some(pos(0, 0)), None)).await.expect_err("held");
+    let first = subscribe(&mut c, request("worker", Some(pos(0, 0)), None))
+        .await
+        .expect("first");
+    let second = subscribe(&mut c, request("worker", Some(pos(0, 0)), None))
+        .await
+        .expect_err("held");
     assert_eq!(second.code(), Code::AlreadyExists);
     let _other = subscribe(&mut c, request("other-worker", Some(pos(0, 0)), None))
         .await
@@ -106,11 +126,23 @@ async fn s2_after_position_is_exclusive() {
     let server = TestServer::start().await;
     let mut c = server.client();
     write_n(&mut c, &["{}", "{}", "{}", "{}"]).await;
-    let mut all = subscribe(&mut c, request("a", Some(pos(0, 0)), None)).await.expect("sub");
-    let got: Vec<(i64, i64)> = take(&mut all, 4).await.iter().map(|e| pair(&e.position)).collect();
+    let mut all = subscribe(&mut c, request("a", Some(pos(0, 0)), None))
+        .await
+        .expect("sub");
+    let got: Vec<(i64, i64)> = take(&mut all, 4)
+        .await
+        .iter()
+        .map(|e| pair(&e.position))
+        .collect();
     assert_eq!(got, vec![(1, 0), (2, 1), (3, 2), (4, 3)]);
-    let mut after = subscribe(&mut c, request("b", Some(pos(2, 1)), None)).await.expect("sub");
-    let got: Vec<(i64, i64)> = take(&mut after, 2).await.iter().map(|e| pair(&e.position)).collect();
+    let mut after = subscribe(&mut c, request("b", Some(pos(2, 1)), None))
+        .await
+        .expect("sub");
+    let got: Vec<(i64, i64)> = take(&mut after, 2)
+        .await
+        .iter()
+        .map(|e| pair(&e.position))
+        .collect();
     assert_eq!(got, vec![(3, 2), (4, 3)]);
     // Live: the next write arrives on both.
     write_n(&mut c, &["{}"]).await;
@@ -124,14 +156,31 @@ async fn s2_without_after_position_starts_at_the_newest_match() {
     let mut c = server.client();
     write_n(&mut c, &[r#"{"k":"x"}"#, r#"{"k":"x"}"#, r#"{"k":"y"}"#]).await;
     let q = Some(query(vec![criterion(&[("k", "x")])]));
-    let mut s = subscribe(&mut c, request("newest", None, q.clone())).await.expect("sub");
-    assert_eq!(pair(&take(&mut s, 1).await[0].position), (2, 1), "newest matching event first");
-    write_n(&mut c, &[r#"{"k":"y"}"#, r#"{"k":"x"}"#]).await;
-    assert_eq!(pair(&take(&mut s, 1).await[0].position), (5, 4), "then newer matches only");
-    // Nothing matches yet: only future events.
-    let mut empty = subscribe(&mut c, request("none-yet", None, Some(query(vec![criterion(&[("k", "z")])]))))
+    let mut s = subscribe(&mut c, request("newest", None, q.clone()))
         .await
         .expect("sub");
+    assert_eq!(
+        pair(&take(&mut s, 1).await[0].position),
+        (2, 1),
+        "newest matching event first"
+    );
+    write_n(&mut c, &[r#"{"k":"y"}"#, r#"{"k":"x"}"#]).await;
+    assert_eq!(
+        pair(&take(&mut s, 1).await[0].position),
+        (5, 4),
+        "then newer matches only"
+    );
+    // Nothing matches yet: only future events.
+    let mut empty = subscribe(
+        &mut c,
+        request(
+            "none-yet",
+            None,
+            Some(query(vec![criterion(&[("k", "z")])])),
+        ),
+    )
+    .await
+    .expect("sub");
     write_n(&mut c, &[r#"{"k":"z"}"#]).await;
     assert_eq!(pair(&take(&mut empty, 1).await[0].position), (6, 5));
 }
@@ -141,7 +190,9 @@ async fn s2_catch_up_then_live_with_no_gap_or_duplicate_under_a_concurrent_write
     const TOTAL: usize = 10_000;
     const BATCH: usize = 20;
     let server = TestServer::start().await;
-    let mut writer = server.new_connection(Credentials::basic("admin", "changeit")).await;
+    let mut writer = server
+        .new_connection(Credentials::basic("admin", "changeit"))
+        .await;
     let writing = tokio::spawn(async move {
         for b in 0..TOTAL / BATCH {
             let events = (0..BATCH)
@@ -155,11 +206,17 @@ async fn s2_catch_up_then_live_with_no_gap_or_duplicate_under_a_concurrent_write
     while c.read_all("default").await.len() < TOTAL / 4 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut s = subscribe(&mut c, request("tail", Some(pos(0, 0)), None)).await.expect("sub");
+    let mut s = subscribe(&mut c, request("tail", Some(pos(0, 0)), None))
+        .await
+        .expect("sub");
     let received = take(&mut s, TOTAL).await;
     writing.await.expect("writer");
     for (i, e) in received.iter().enumerate() {
-        assert_eq!(pair(&e.position).1, i as i64, "event {i} out of order, missing or duplicated");
+        assert_eq!(
+            pair(&e.position).1,
+            i as i64,
+            "event {i} out of order, missing or duplicated"
+        );
         assert_eq!(e.data, format!(r#"{{"seq":{i}}}"#));
     }
     // Nothing extra arrives.
@@ -171,8 +228,13 @@ async fn s2_catch_up_then_live_with_no_gap_or_duplicate_under_a_concurrent_write
 async fn s2_filtered_subscriptions_deliver_only_matches() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    let q = Some(query(vec![criterion(&[("color", "red")]), criterion(&[("size", "L"), ("color", "blue")])]));
-    let mut s = subscribe(&mut c, request("filtered", Some(pos(0, 0)), q)).await.expect("sub");
+    let q = Some(query(vec![
+        criterion(&[("color", "red")]),
+        criterion(&[("size", "L"), ("color", "blue")]),
+    ]));
+    let mut s = subscribe(&mut c, request("filtered", Some(pos(0, 0)), q))
+        .await
+        .expect("sub");
     write_n(
         &mut c,
         &[
@@ -184,7 +246,11 @@ async fn s2_filtered_subscriptions_deliver_only_matches() {
         ],
     )
     .await;
-    let got: Vec<i64> = take(&mut s, 3).await.iter().map(|e| pair(&e.position).1).collect();
+    let got: Vec<i64> = take(&mut s, 3)
+        .await
+        .iter()
+        .map(|e| pair(&e.position).1)
+        .collect();
     assert_eq!(got, vec![0, 2, 4]);
 }
 
@@ -192,13 +258,21 @@ async fn s2_filtered_subscriptions_deliver_only_matches() {
 async fn s3_a_slow_consumer_loses_nothing() {
     let server = TestServer::start().await;
     let mut c = server.client();
-    let mut s = subscribe(&mut c, request("slow", Some(pos(0, 0)), None)).await.expect("sub");
+    let mut s = subscribe(&mut c, request("slow", Some(pos(0, 0)), None))
+        .await
+        .expect("sub");
     // Write far more than any buffer holds while the consumer reads nothing.
     for b in 0..60 {
-        let events = (0..50).map(|i| event("T", &format!(r#"{{"i":{}}}"#, b * 50 + i))).collect();
+        let events = (0..50)
+            .map(|i| event("T", &format!(r#"{{"i":{}}}"#, b * 50 + i)))
+            .collect();
         c.save("default", events, vec![]).await.expect("write");
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let got = take(&mut s, 3000).await;
-    assert!(got.iter().enumerate().all(|(i, e)| pair(&e.position).1 == i as i64));
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, e)| pair(&e.position).1 == i as i64)
+    );
 }

@@ -21,6 +21,29 @@ pub use node::{
 };
 pub use state_machine::StateMachine;
 
+/// Receives state-machine events, so the server can export metrics without this crate
+/// knowing about Prometheus.
+pub trait RaftObserver: Send + Sync + 'static {
+    /// A batch of `entries` committed entries was applied in `elapsed`.
+    fn applied(&self, entries: usize, elapsed: Duration);
+    /// A snapshot was built.
+    fn snapshot_built(&self);
+    /// A snapshot received from the leader was installed.
+    fn snapshot_installed(&self);
+}
+
+/// An observer that ignores everything (tests, tools).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl RaftObserver for NoObserver {
+    fn applied(&self, _entries: usize, _elapsed: Duration) {}
+    fn snapshot_built(&self) {}
+    fn snapshot_installed(&self) {}
+}
+
+use std::time::Duration;
+
 use cairn_core::command::{Command, Outcome};
 
 openraft::declare_raft_types!(

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use crate::log_store::LogStore;
 use crate::network::SingleNodeNetwork;
 use crate::state_machine::StateMachine;
-use crate::{Raft, RaftError};
+use crate::{Raft, RaftError, RaftObserver};
 
 /// Default: build a snapshot (and allow purging the log) every this many applied entries.
 pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
@@ -26,7 +26,7 @@ const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 pub const LEADERSHIP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How to run the node's Raft group.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NodeOptions {
     /// Raft node id.
     pub node_id: u64,
@@ -41,6 +41,20 @@ pub struct NodeOptions {
     /// How long to wait for the data directory while another process holds it (e.g. the
     /// previous instance of this node is still shutting down).
     pub lock_wait: Duration,
+    /// Receives apply and snapshot events (metrics).
+    pub observer: Arc<dyn RaftObserver>,
+}
+
+impl std::fmt::Debug for NodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeOptions")
+            .field("node_id", &self.node_id)
+            .field("data_dir", &self.data_dir)
+            .field("advertise_addr", &self.advertise_addr)
+            .field("snapshot_every_entries", &self.snapshot_every_entries)
+            .field("lock_wait", &self.lock_wait)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Per-boundary `watch` channels of the head (number of events), so subscriptions sleep
@@ -138,6 +152,7 @@ impl RaftNode {
             store.clone(),
             opts.data_dir.join("snapshots"),
             heads.clone(),
+            opts.observer.clone(),
         )?;
         let config = Config {
             cluster_name: "cairn".to_string(),

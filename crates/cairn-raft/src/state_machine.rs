@@ -24,7 +24,7 @@ use tokio::io::AsyncSeekExt;
 
 use crate::codec::{decode, encode};
 use crate::node::HeadWatch;
-use crate::{StorageError, TypeConfig};
+use crate::{RaftObserver, StorageError, TypeConfig};
 
 /// Directory (under the snapshot dir) of the current snapshot's checkpoint.
 const CURRENT: &str = "current";
@@ -123,11 +123,17 @@ pub struct StateMachine {
     snapshots: SnapshotDir,
     heads: HeadWatch,
     marker: AppliedMarker,
+    observer: Arc<dyn RaftObserver>,
 }
 
 impl StateMachine {
     /// Wraps the store; `snapshot_dir` holds checkpoints (created if missing).
-    pub fn new(store: Store, snapshot_dir: PathBuf, heads: HeadWatch) -> Result<Self, StoreError> {
+    pub fn new(
+        store: Store,
+        snapshot_dir: PathBuf,
+        heads: HeadWatch,
+        observer: Arc<dyn RaftObserver>,
+    ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(&snapshot_dir).map_err(|e| StoreError::Io {
             context: format!("failed to create {}", snapshot_dir.display()),
             source: e,
@@ -150,6 +156,7 @@ impl StateMachine {
             snapshots,
             heads,
             marker,
+            observer,
         })
     }
 }
@@ -208,6 +215,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let entries: Vec<_> = entries.into_iter().collect();
+        let count = entries.len();
+        let started = std::time::Instant::now();
         let store = self.store.clone();
         let marker = self.marker.clone();
         let (outcomes, marker, touched) =
@@ -215,6 +224,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 .await
                 .map_err(|e| sm_write_err(AnyError::error(format!("apply task failed: {e}"))))??;
         self.marker = marker;
+        self.observer.applied(count, started.elapsed());
         for boundary in touched {
             self.heads.publish(&self.store, &boundary);
         }
@@ -225,6 +235,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         SnapshotBuilder {
             store: self.store.clone(),
             snapshots: self.snapshots.clone(),
+            observer: self.observer.clone(),
         }
     }
 
@@ -297,6 +308,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .await
         .map_err(|e| snap_err(AnyError::error(format!("install task failed: {e}"))))??;
         self.marker = marker;
+        self.observer.snapshot_installed();
         self.heads.publish_all(&self.store);
         Ok(())
     }
@@ -338,6 +350,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 pub struct SnapshotBuilder {
     store: Store,
     snapshots: SnapshotDir,
+    observer: Arc<dyn RaftObserver>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -377,6 +390,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .await
         .map_err(|e| snap_err(AnyError::error(format!("snapshot task failed: {e}"))))??;
         tracing::info!(snapshot_id = %meta.snapshot_id, "built snapshot");
+        self.observer.snapshot_built();
         // openraft keeps only the metadata of a freshly built snapshot; the data handle is the
         // checkpoint's manifest. The transferable packed form is made by get_current_snapshot.
         Ok(Snapshot {

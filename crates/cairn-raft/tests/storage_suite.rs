@@ -1,6 +1,8 @@
 //! openraft's storage conformance suite on Cairn's RocksDB log store and state machine.
 
-use cairn_raft::{HeadWatch, LogStore, StateMachine, StorageError, TypeConfig};
+use std::sync::Arc;
+
+use cairn_raft::{HeadWatch, LogStore, NoObserver, StateMachine, StorageError, TypeConfig};
 use cairn_store::{Store, StoreOptions};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{AnyError, StorageIOError};
@@ -14,8 +16,13 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Roc
         let store = Store::open(dir.path().join("db"), &StoreOptions::default())
             .map_err(|e| io(e.to_string()))?;
         let log = LogStore::new(store.db().clone());
-        let sm = StateMachine::new(store, dir.path().join("snapshots"), HeadWatch::default())
-            .map_err(|e| io(e.to_string()))?;
+        let sm = StateMachine::new(
+            store,
+            dir.path().join("snapshots"),
+            HeadWatch::default(),
+            Arc::new(NoObserver),
+        )
+        .map_err(|e| io(e.to_string()))?;
         Ok((dir, log, sm))
     }
 }

@@ -43,6 +43,24 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         m.rocksdb_live_sst_bytes.set(live as i64);
         m.rocksdb_pending_compaction_bytes.set(pending as i64);
         m.rocksdb_memtable_bytes.set(memtables as i64);
+        m.subscription_lag.reset();
+        for (boundary, lag) in node.subscriptions.max_lag_by_boundary() {
+            m.subscription_lag
+                .with_label_values(&[&boundary])
+                .set(lag as i64);
+        }
+        match rustix::fs::statvfs(&node.config.data_dir) {
+            Ok(fs) => {
+                m.data_dir_available_bytes
+                    .set(fs.f_bavail.saturating_mul(fs.f_frsize) as i64);
+                m.data_dir_capacity_bytes
+                    .set(fs.f_blocks.saturating_mul(fs.f_frsize) as i64);
+            }
+            Err(e) => tracing::warn!(
+                "failed to read filesystem stats of {}: {e}",
+                node.config.data_dir.display()
+            ),
+        }
     }
     (
         [(

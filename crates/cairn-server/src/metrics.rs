@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tonic::Code;
 
@@ -54,6 +54,22 @@ pub struct Metrics {
     pub subscription_events: IntCounter,
     /// Raft proposal latency (propose → applied), seconds.
     pub raft_write_duration: Histogram,
+    /// Entries per state-machine apply batch.
+    pub apply_batch_entries: Histogram,
+    /// Duration of one apply batch, seconds.
+    pub apply_duration: Histogram,
+    /// Snapshots built.
+    pub snapshot_builds: IntCounter,
+    /// Snapshots installed from a leader.
+    pub snapshot_installs: IntCounter,
+    /// Log entries each peer is behind the leader.
+    pub replication_lag: IntGaugeVec,
+    /// Positions the furthest-behind subscription of each boundary has not yet scanned.
+    pub subscription_lag: IntGaugeVec,
+    /// Bytes available to the node on the data directory's filesystem.
+    pub data_dir_available_bytes: IntGauge,
+    /// Size of the data directory's filesystem.
+    pub data_dir_capacity_bytes: IntGauge,
     /// Current Raft term.
     pub raft_term: IntGauge,
     /// 1 while this node leads.
@@ -156,6 +172,52 @@ impl Metrics {
                 )
                 .buckets(LATENCY_BUCKETS.to_vec())
             )?),
+            apply_batch_entries: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "cairn_apply_batch_entries",
+                    "Committed log entries applied per state-machine batch"
+                )
+                .buckets(vec![
+                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0
+                ])
+            )?),
+            apply_duration: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "cairn_apply_duration_seconds",
+                    "Time to apply one batch of committed entries"
+                )
+                .buckets(LATENCY_BUCKETS.to_vec())
+            )?),
+            snapshot_builds: reg!(IntCounter::new(
+                "cairn_raft_snapshot_builds_total",
+                "Raft snapshots built (log compaction)"
+            )?),
+            snapshot_installs: reg!(IntCounter::new(
+                "cairn_raft_snapshot_installs_total",
+                "Raft snapshots installed from the leader"
+            )?),
+            replication_lag: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "cairn_raft_replication_lag_entries",
+                    "Log entries a peer is behind this leader (leaders only)"
+                ),
+                &["peer"]
+            )?),
+            subscription_lag: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "cairn_subscription_lag_events",
+                    "Positions the furthest-behind subscription of a boundary has yet to scan"
+                ),
+                &["boundary"]
+            )?),
+            data_dir_available_bytes: reg!(IntGauge::new(
+                "cairn_data_dir_available_bytes",
+                "Bytes available on the data directory's filesystem"
+            )?),
+            data_dir_capacity_bytes: reg!(IntGauge::new(
+                "cairn_data_dir_capacity_bytes",
+                "Size of the data directory's filesystem in bytes"
+            )?),
             raft_term: reg!(IntGauge::new("cairn_raft_term", "Current Raft term")?),
             raft_is_leader: reg!(IntGauge::new(
                 "cairn_raft_is_leader",
@@ -215,6 +277,21 @@ impl Metrics {
             start: Instant::now(),
             code: None,
         }
+    }
+}
+
+impl cairn_raft::RaftObserver for Metrics {
+    fn applied(&self, entries: usize, elapsed: std::time::Duration) {
+        self.apply_batch_entries.observe(entries as f64);
+        self.apply_duration.observe(elapsed.as_secs_f64());
+    }
+
+    fn snapshot_built(&self) {
+        self.snapshot_builds.inc();
+    }
+
+    fn snapshot_installed(&self) {
+        self.snapshot_installs.inc();
     }
 }
 

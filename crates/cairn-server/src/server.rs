@@ -162,6 +162,17 @@ fn spawn_raft_metrics(node: Arc<NodeState>) -> JoinHandle<()> {
                 metrics
                     .raft_snapshot_index
                     .set(m.snapshot.map_or(0, |l| l.index) as i64);
+                // Only a leader tracks its peers; followers export no lag series.
+                metrics.replication_lag.reset();
+                if let (Some(replication), Some(last)) = (&m.replication, m.last_log_index) {
+                    for (peer, matched) in replication {
+                        let matched = matched.map_or(0, |l| l.index);
+                        metrics
+                            .replication_lag
+                            .with_label_values(&[&peer.to_string()])
+                            .set(last.saturating_sub(matched) as i64);
+                    }
+                }
             }
             if rx.changed().await.is_err() {
                 return;
@@ -258,6 +269,7 @@ pub async fn start_on(
                 block_cache_bytes: config.block_cache_bytes,
             },
             lock_wait: config.lock_wait,
+            observer: metrics.clone(),
         })
         .await?;
         let node = Arc::new(NodeState {
@@ -267,6 +279,7 @@ pub async fn start_on(
             config: config.clone(),
             process_id: uuid::Uuid::new_v4().to_string(),
             shutdown: CancellationToken::new(),
+            subscriptions: Default::default(),
         });
         bootstrap(&node).await.map_err(ServerError::Bootstrap)?;
         Ok::<_, ServerError>(node)

@@ -28,6 +28,8 @@ pub struct NodeState {
     pub process_id: String,
     /// Cancelled when the node shuts down (ends subscriptions).
     pub shutdown: CancellationToken,
+    /// Open subscriptions and how far behind they are.
+    pub subscriptions: Arc<crate::subscription::Registry>,
 }
 
 impl std::fmt::Debug for NodeState {

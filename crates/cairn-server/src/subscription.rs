@@ -10,8 +10,10 @@
 //! first event, renewed every 5 s, released when the stream ends; a holder that vanishes
 //! without releasing loses it 15 s after its last renewal.
 
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cairn_core::command::Command;
@@ -34,6 +36,67 @@ const CHANNEL_CAPACITY: usize = 64;
 
 /// The response stream type.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>>;
+
+/// Open subscriptions and their lag, for the `cairn_subscription_lag_events` gauge.
+#[derive(Default)]
+pub struct Registry {
+    next_id: AtomicU64,
+    lags: Mutex<HashMap<u64, (String, u64)>>,
+}
+
+impl Registry {
+    fn register(self: &Arc<Self>, boundary: &str) -> Tracked {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, (boundary.to_string(), 0));
+        Tracked {
+            registry: self.clone(),
+            id,
+        }
+    }
+
+    /// The largest lag per boundary among open subscriptions.
+    pub fn max_lag_by_boundary(&self) -> BTreeMap<String, u64> {
+        let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        for (boundary, lag) in self.lags.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            let max = out.entry(boundary.clone()).or_default();
+            *max = (*max).max(*lag);
+        }
+        out
+    }
+}
+
+/// A registered subscription; unregisters on drop.
+struct Tracked {
+    registry: Arc<Registry>,
+    id: u64,
+}
+
+impl Tracked {
+    fn set_lag(&self, lag: u64) {
+        if let Some(entry) = self
+            .registry
+            .lags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&self.id)
+        {
+            entry.1 = lag;
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.registry
+            .lags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
 
 struct Lease {
     boundary: String,
@@ -134,6 +197,7 @@ async fn run(
 ) -> Result<(), Error> {
     let store = node.store().clone();
     let mut heads = node.raft.heads().subscribe(&store, bid);
+    let tracked = node.subscriptions.register(&lease.boundary);
     let renew_every = node.config.lease_renew;
     let mut next_renewal = Instant::now() + renew_every;
     let mut cursor = start;
@@ -154,6 +218,9 @@ async fn run(
                     _ = tokio::time::sleep_until(next_renewal.into()) => {
                         lease.acquire(node).await?;
                         next_renewal = Instant::now() + renew_every;
+                        // A consumer that stops reading shows up as growing lag.
+                        let at = event.position.prepare.max(0) as u64;
+                        tracked.set_lag(store.event_count(bid).saturating_sub(at));
                     }
                     _ = node.shutdown.cancelled() => {
                         return Err(Error::Unavailable("server is shutting down".into()));
@@ -164,6 +231,7 @@ async fn run(
             node.metrics.subscription_events.inc();
         }
         cursor = ReadStart::Prepare(next);
+        tracked.set_lag(store.event_count(bid).saturating_sub(next));
         if Instant::now() >= next_renewal {
             lease.acquire(node).await?;
             next_renewal = Instant::now() + renew_every;

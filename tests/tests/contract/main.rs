@@ -11,6 +11,7 @@ mod events;
 mod indexes;
 mod info;
 mod matching;
+mod observability;
 mod positions;
 mod reads;
 mod subscriptions;

@@ -212,10 +212,11 @@ line(
         w=8,
     ),
     dict(
-        title="Log and applied index",
-        description="Last Raft log index and last applied index per node.",
+        title="Log, committed and applied index",
+        description="Last Raft log index and last applied index per node, and the index a majority has stored (reported by the leader).",
         targets=[
             (f"cairn_raft_last_log_index{{{SEL}}}", "log {{instance}}"),
+            (f"max(cairn_raft_committed_index{{{SEL}}})", "committed"),
             (f"cairn_raft_applied_index{{{SEL}}}", "applied {{instance}}"),
         ],
         w=16,

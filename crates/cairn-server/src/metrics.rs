@@ -38,7 +38,7 @@ pub struct Metrics {
     registry: Registry,
     /// gRPC requests by method and code.
     pub grpc_requests: IntCounterVec,
-    /// gRPC request duration by method (seconds).
+    /// gRPC request duration by method and code (seconds).
     pub grpc_duration: HistogramVec,
     /// Committed writes per boundary.
     pub writes_committed: IntCounterVec,
@@ -80,6 +80,8 @@ pub struct Metrics {
     pub raft_last_log_index: IntGauge,
     /// Index of the last snapshot.
     pub raft_snapshot_index: IntGauge,
+    /// Highest log index a quorum has stored (exported by the leader, labelled with its id).
+    pub raft_committed_index: IntGaugeVec,
     /// Last applied log index.
     pub raft_applied_index: IntGauge,
     /// Live SST bytes.
@@ -124,10 +126,10 @@ impl Metrics {
             grpc_duration: reg!(HistogramVec::new(
                 HistogramOpts::new(
                     "cairn_grpc_request_duration_seconds",
-                    "gRPC request duration by method (streams: until the stream is set up)"
+                    "gRPC request duration by method and status code (streams: their lifetime)"
                 )
                 .buckets(LATENCY_BUCKETS.to_vec()),
-                &["method"]
+                &["method", "code"]
             )?),
             writes_committed: reg!(IntCounterVec::new(
                 Opts::new(
@@ -230,6 +232,13 @@ impl Metrics {
             raft_last_log_index: reg!(IntGauge::new(
                 "cairn_raft_last_log_index",
                 "Index of the last entry in this node's Raft log"
+            )?),
+            raft_committed_index: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "cairn_raft_committed_index",
+                    "Highest log index stored by a quorum (leaders only)"
+                ),
+                &["node"]
             )?),
             raft_snapshot_index: reg!(IntGauge::new(
                 "cairn_raft_snapshot_index",
@@ -359,7 +368,7 @@ impl Drop for RequestTimer {
             .inc();
         self.metrics
             .grpc_duration
-            .with_label_values(&[self.method])
+            .with_label_values(&[self.method, code_label(code)])
             .observe(self.start.elapsed().as_secs_f64());
     }
 }

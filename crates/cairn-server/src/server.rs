@@ -164,6 +164,28 @@ fn spawn_raft_metrics(node: Arc<NodeState>) -> JoinHandle<()> {
                     .set(m.snapshot.map_or(0, |l| l.index) as i64);
                 // Only a leader tracks its peers; followers export no lag series.
                 metrics.replication_lag.reset();
+                metrics.raft_committed_index.reset();
+                if let Some(replication) = &m.replication {
+                    // Committed = the index a majority of voters has stored.
+                    let mut matched: Vec<u64> = m
+                        .membership_config
+                        .membership()
+                        .voter_ids()
+                        .map(|id| {
+                            replication
+                                .get(&id)
+                                .and_then(|l| l.map(|l| l.index))
+                                .unwrap_or(0)
+                        })
+                        .collect();
+                    matched.sort_unstable_by(|a, b| b.cmp(a));
+                    if let Some(committed) = matched.get(matched.len() / 2) {
+                        metrics
+                            .raft_committed_index
+                            .with_label_values(&[&m.id.to_string()])
+                            .set(*committed as i64);
+                    }
+                }
                 if let (Some(replication), Some(last)) = (&m.replication, m.last_log_index) {
                     for (peer, matched) in replication {
                         let matched = matched.map_or(0, |l| l.index);

@@ -136,7 +136,7 @@ async fn prometheus_scrapes_exact_commit_and_conflict_counts() {
         );
         let observed = prom_query(
             &url,
-            r#"cairn_grpc_request_duration_seconds_count{method="orisun.EventStore/SaveEventsV2"}"#,
+            r#"sum(cairn_grpc_request_duration_seconds_count{method="orisun.EventStore/SaveEventsV2"})"#,
         )
         .expect("latency histogram");
         assert_eq!(observed, f64::from(writes + conflicts), "every write observed once");

@@ -1,0 +1,106 @@
+//! Connections with credentials: one Basic login per connection, then the session token the
+//! server returned (`x-auth-token`), so the benchmark measures requests, not password hashing.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use anyhow::Context;
+use base64::Engine;
+use cairn_proto::orisun as pb;
+use cairn_proto::orisun::admin_client::AdminClient;
+use cairn_proto::orisun::event_store_client::EventStoreClient;
+use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+/// How to reach the servers.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// gRPC endpoints.
+    pub endpoints: Vec<String>,
+    /// User.
+    pub user: String,
+    /// Password.
+    pub password: String,
+    /// CA certificate for TLS.
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// Adds the current credentials to each request.
+#[derive(Clone)]
+pub struct Auth {
+    header: Arc<RwLock<(&'static str, AsciiMetadataValue)>>,
+}
+
+impl Interceptor for Auth {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let (name, value) = self
+            .header
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        request.metadata_mut().insert(name, value);
+        Ok(request)
+    }
+}
+
+impl Auth {
+    /// Switches to a session token returned by the server.
+    pub fn adopt_token(&self, metadata: &MetadataMap) {
+        if let Some(token) = metadata.get("x-auth-token") {
+            *self.header.write().unwrap_or_else(|p| p.into_inner()) = ("x-auth-token", token.clone());
+        }
+    }
+}
+
+type Svc = InterceptedService<Channel, Auth>;
+
+/// One connection (HTTP/2 channel) with its clients.
+#[derive(Clone)]
+pub struct Connection {
+    /// EventStore.
+    pub es: EventStoreClient<Svc>,
+    /// Admin.
+    pub admin: AdminClient<Svc>,
+}
+
+async fn channel(options: &ConnectOptions, endpoint: &str) -> anyhow::Result<Channel> {
+    let mut ep = Endpoint::from_shared(endpoint.to_string())
+        .with_context(|| format!("invalid endpoint {endpoint:?}"))?
+        .tcp_nodelay(true);
+    if let Some(ca) = &options.ca_cert {
+        let pem = std::fs::read(ca).with_context(|| format!("failed to read {}", ca.display()))?;
+        ep = ep.tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))?;
+    } else if endpoint.starts_with("https://") {
+        ep = ep.tls_config(ClientTlsConfig::new().with_native_roots())?;
+    }
+    ep.connect()
+        .await
+        .with_context(|| format!("failed to connect to {endpoint}"))
+}
+
+impl Connection {
+    /// Opens connection number `index` (endpoints are used round-robin) and logs in.
+    pub async fn open(options: &ConnectOptions, index: usize) -> anyhow::Result<Connection> {
+        let endpoint = &options.endpoints[index % options.endpoints.len()];
+        let channel = channel(options, endpoint).await?;
+        let basic = base64::engine::general_purpose::STANDARD
+            .encode(format!("{}:{}", options.user, options.password));
+        let auth = Auth {
+            header: Arc::new(RwLock::new((
+                "authorization",
+                format!("Basic {basic}").parse().context("credentials are not ASCII")?,
+            ))),
+        };
+        let mut es = EventStoreClient::with_interceptor(channel.clone(), auth.clone())
+            .max_decoding_message_size(256 * 1024 * 1024);
+        let admin = AdminClient::with_interceptor(channel, auth.clone());
+        let pong = es
+            .ping(pb::PingRequest {})
+            .await
+            .with_context(|| format!("login to {endpoint} failed"))?;
+        auth.adopt_token(pong.metadata());
+        Ok(Connection { es, admin })
+    }
+}

@@ -172,7 +172,7 @@ struct Client {
     seeded_events: u64,
     seeded_contexts: u64,
     hot_contexts: u64,
-    id: usize,
+    nonce: u64,
     seq: u64,
 }
 
@@ -180,9 +180,10 @@ struct Client {
 type Done = Result<(u64, u64), Status>;
 
 impl Client {
+    /// A context nobody has written to: unique per client, run and request.
     fn fresh_context(&mut self) -> String {
         self.seq += 1;
-        format!("w-{}-{}-{}", std::process::id(), self.id, self.seq)
+        format!("w-{:016x}-{}", self.nonce, self.seq)
     }
 
     async fn write(&mut self, n: usize, conditional: bool) -> Done {
@@ -369,7 +370,7 @@ async fn spawn_group(
             seeded_events: settings.seeded_events,
             seeded_contexts: settings.seeded_contexts,
             hot_contexts: settings.hot_contexts,
-            id: first_index + i,
+            nonce: rand::random(),
             seq: 0,
         };
         handles.push(tokio::spawn(client_loop(client, scenario, measure_from, end)));

@@ -192,6 +192,36 @@ pub enum Command {
         /// Random key; ignored when one exists.
         key: Vec<u8>,
     },
+    /// Several commands proposed as one Raft entry (group commit). Applied in order, each
+    /// seeing the effects of the ones before it (C3), each with its own outcome.
+    Batch(Vec<Command>),
+}
+
+impl Command {
+    /// Rough size in bytes, to bound batches.
+    pub fn approx_bytes(&self) -> usize {
+        match self {
+            Command::Append(a) => {
+                64 + a
+                    .events
+                    .iter()
+                    .map(|e| {
+                        e.data.len()
+                            + e.metadata.len()
+                            + e.event_id.len()
+                            + e.event_type.len()
+                            + e.tags.iter().map(|t| t.key.len() + t.value.len() + 8).sum::<usize>()
+                    })
+                    .sum::<usize>()
+                    + a.observations
+                        .iter()
+                        .map(|o| o.query.tag_count() * 32)
+                        .sum::<usize>()
+            }
+            Command::Batch(commands) => commands.iter().map(Command::approx_bytes).sum(),
+            _ => 256,
+        }
+    }
 }
 
 /// What applying a command produced, when it succeeded.
@@ -208,6 +238,8 @@ pub enum Applied {
     User(UserRecord),
     /// Nothing to report.
     Done,
+    /// The outcomes of a [`Command::Batch`], in order.
+    Batch(Vec<Outcome>),
 }
 
 /// Result of applying a command; errors are deterministic outcomes (conflicts, duplicates),

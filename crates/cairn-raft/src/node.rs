@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cairn_core::command::{Command, Outcome};
+use cairn_core::command::{Applied, Command, Outcome};
 use cairn_store::{Store, StoreOptions};
 use openraft::error::{ClientWriteError, RaftError as OpenRaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
-use tokio::sync::watch;
+use openraft::raft::ClientWriteResponse;
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::log_store::LogStore;
 use crate::network::SingleNodeNetwork;
@@ -124,6 +125,125 @@ async fn open_store(opts: &NodeOptions) -> Result<Store, RaftError> {
     }
 }
 
+/// Largest number of commands folded into one Raft entry.
+pub const MAX_BATCH_COMMANDS: usize = 1024;
+/// Largest approximate size of the commands folded into one Raft entry.
+pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// Batch entries proposed and not yet applied; while they are, new commands accumulate
+/// into the next batch.
+const MAX_IN_FLIGHT_BATCHES: usize = 2;
+/// Commands waiting for the proposer before writers are made to wait.
+const PROPOSER_QUEUE: usize = 16 * 1024;
+
+type Reply = oneshot::Sender<Result<Outcome, RaftError>>;
+
+/// Turns a Raft write failure into the error each waiting caller gets.
+fn write_error(e: &OpenRaftError<u64, ClientWriteError<u64, BasicNode>>) -> RaftError {
+    match e {
+        OpenRaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            RaftError::NoLeader(format!("leader is {:?}", f.leader_id))
+        }
+        OpenRaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            RaftError::Fatal(e.to_string())
+        }
+        OpenRaftError::Fatal(f) => RaftError::Fatal(f.to_string()),
+    }
+}
+
+/// Hands each caller its outcome once the entry carrying its command is applied.
+fn distribute(
+    result: Result<ClientWriteResponse<crate::TypeConfig>, RaftError>,
+    mut replies: Vec<Reply>,
+    batched: bool,
+) {
+    match result {
+        Ok(response) if !batched => {
+            if let Some(reply) = replies.pop() {
+                let _ = reply.send(Ok(response.data));
+            }
+        }
+        Ok(ClientWriteResponse {
+            data: Ok(Applied::Batch(outcomes)),
+            ..
+        }) if outcomes.len() == replies.len() => {
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // A caller that gave up waiting does not need its outcome.
+                let _ = reply.send(Ok(outcome));
+            }
+        }
+        Ok(other) => {
+            tracing::error!("a batch entry produced an unexpected outcome: {:?}", other.data);
+            for reply in replies {
+                let _ = reply.send(Err(RaftError::Fatal(
+                    "a batch entry produced an unexpected outcome".to_string(),
+                )));
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            let unavailable = matches!(e, RaftError::NoLeader(_));
+            for reply in replies {
+                let _ = reply.send(Err(if unavailable {
+                    RaftError::NoLeader(message.clone())
+                } else {
+                    RaftError::Fatal(message.clone())
+                }));
+            }
+        }
+    }
+}
+
+/// The proposer: the one task that submits commands to Raft. Commands that arrive while
+/// earlier batches are in flight are folded into one `Command::Batch` entry, so a burst of
+/// concurrent writes costs one log append, one fsync and one apply pass (group commit).
+/// openraft 0.9 runs its engine once per client write, so batching must happen here.
+async fn run_proposer(raft: Raft, mut queue: mpsc::Receiver<(Command, Reply)>) {
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BATCHES));
+    loop {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = queue.recv().await else {
+            return;
+        };
+        let mut bytes = first.0.approx_bytes();
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
+            match queue.try_recv() {
+                Ok(next) => {
+                    bytes += next.0.approx_bytes();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let batched = batch.len() > 1;
+        let (commands, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
+        let command = if batched {
+            Command::Batch(commands)
+        } else {
+            commands.into_iter().next().unwrap_or(Command::Batch(Vec::new()))
+        };
+        match raft.client_write_ff(command).await {
+            Ok(pending) => {
+                tokio::spawn(async move {
+                    let result = match pending.await {
+                        Ok(Ok(response)) => Ok(response),
+                        Ok(Err(e)) => Err(write_error(&OpenRaftError::APIError(e))),
+                        Err(_) => Err(RaftError::Fatal("raft dropped a proposal".to_string())),
+                    };
+                    drop(permit);
+                    distribute(result, replies, batched);
+                });
+            }
+            Err(fatal) => {
+                drop(permit);
+                distribute(Err(RaftError::Fatal(fatal.to_string())), replies, batched);
+            }
+        }
+    }
+}
+
 /// A running Raft node with its store.
 #[derive(Clone)]
 pub struct RaftNode {
@@ -131,6 +251,8 @@ pub struct RaftNode {
     store: Store,
     heads: HeadWatch,
     node_id: u64,
+    proposer: mpsc::Sender<(Command, Reply)>,
+    proposer_task: Arc<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for RaftNode {
@@ -147,7 +269,8 @@ impl RaftNode {
     pub async fn start(opts: NodeOptions) -> Result<RaftNode, RaftError> {
         let store = open_store(&opts).await?;
         let heads = HeadWatch::default();
-        let log_store = LogStore::new(store.db().clone());
+        let log_store = LogStore::new(store.db().clone())
+            .map_err(|e| RaftError::Fatal(format!("failed to start the raft log syncer: {e}")))?;
         let sm = StateMachine::new(
             store.clone(),
             opts.data_dir.join("snapshots"),
@@ -192,11 +315,15 @@ impl RaftNode {
                 "initialised a new one-node raft group"
             );
         }
+        let (proposer, queue) = mpsc::channel(PROPOSER_QUEUE);
+        let proposer_task = Arc::new(tokio::spawn(run_proposer(raft.clone(), queue)));
         let node = RaftNode {
             raft,
             store,
             heads,
             node_id: opts.node_id,
+            proposer,
+            proposer_task,
         };
         node.raft
             .wait(Some(LEADERSHIP_TIMEOUT))
@@ -208,18 +335,17 @@ impl RaftNode {
         Ok(node)
     }
 
-    /// Proposes a command and waits until it is committed and applied.
+    /// Proposes a command and waits until it is committed and applied. Concurrent calls
+    /// are folded into shared log entries by the proposer.
     pub async fn write(&self, command: Command) -> Result<Outcome, RaftError> {
-        match self.raft.client_write(command).await {
-            Ok(response) => Ok(response.data),
-            Err(OpenRaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(RaftError::NoLeader(format!("leader is {:?}", f.leader_id)))
-            }
-            Err(OpenRaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                Err(RaftError::Fatal(e.to_string()))
-            }
-            Err(OpenRaftError::Fatal(f)) => Err(RaftError::Fatal(f.to_string())),
-        }
+        let (reply, outcome) = oneshot::channel();
+        self.proposer
+            .send((command, reply))
+            .await
+            .map_err(|_| RaftError::Fatal("the proposer has stopped".to_string()))?;
+        outcome
+            .await
+            .map_err(|_| RaftError::Fatal("the proposer dropped a command".to_string()))?
     }
 
     /// Waits until this node has applied everything committed when the call started
@@ -254,6 +380,7 @@ impl RaftNode {
 
     /// Stops openraft and flushes the WAL.
     pub async fn shutdown(&self) -> Result<(), RaftError> {
+        self.proposer_task.abort();
         self.raft
             .shutdown()
             .await

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cairn_core::command::{Applied, Command, Outcome};
+use cairn_core::command::{Append, Applied, Command, Outcome};
 use cairn_store::{Store, StoreError, pack_dir, unpack_dir};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -31,11 +31,18 @@ const CURRENT: &str = "current";
 /// Metadata file inside a snapshot checkpoint directory.
 const META_FILE: &str = "cairn-snapshot-meta.json";
 
-/// What the store records as "applied" with every batch.
+/// What the store records as "applied" with every write, atomically with its effects.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct AppliedMarker {
+    /// Last entry whose every effect is stored.
     last_applied: Option<LogId<u64>>,
+    /// Membership as of `last_applied`.
     membership: StoredMembership<u64, BasicNode>,
+    /// A batch entry partly applied: its id and how many of its commands are stored. Each
+    /// command of a batch is written separately (later ones must see earlier ones), so a
+    /// crash can fall between two of them; re-applying the entry then skips those done.
+    #[serde(default)]
+    in_progress: Option<(LogId<u64>, usize)>,
 }
 
 fn sm_write_err(e: impl Into<AnyError>) -> StorageError {
@@ -75,7 +82,7 @@ impl SnapshotDir {
 
     fn read_meta(dir: &Path) -> Result<Option<SnapshotMeta<u64, BasicNode>>, StorageError> {
         match std::fs::read(dir.join(META_FILE)) {
-            Ok(bytes) => Ok(Some(decode(&bytes).map_err(|e| snap_err(&e))?)),
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(|e| snap_err(&e))?)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(snap_err(&e)),
         }
@@ -161,6 +168,87 @@ impl StateMachine {
     }
 }
 
+fn apply_err(log_id: LogId<u64>, e: &StoreError) -> StorageError {
+    tracing::error!("failed to apply entry {}: {e}", log_id.index);
+    StorageIOError::apply(log_id, e).into()
+}
+
+/// Applies the commands of batch entry `log_id` in order: each run of consecutive appends
+/// as one atomic RocksDB batch, any other command on its own. Each write carries the marker
+/// of how far the entry got; re-applying the entry after a crash skips what is stored (see
+/// [`AppliedMarker::in_progress`]).
+fn apply_batch(
+    store: &Store,
+    log_id: LogId<u64>,
+    commands: &[Command],
+    marker: &mut AppliedMarker,
+    touched: &mut BTreeSet<String>,
+) -> Result<Outcome, StorageError> {
+    let done = match marker.in_progress {
+        Some((id, n)) if id == log_id => n.min(commands.len()),
+        _ => 0,
+    };
+    let mut outcomes: Vec<Outcome> = (0..done)
+        .map(|_| {
+            Err(cairn_core::Error::Unavailable(
+                "applied before a restart; its outcome was not kept".into(),
+            ))
+        })
+        .collect();
+    let mut start = done;
+    while start < commands.len() {
+        let end = match &commands[start] {
+            Command::Append(_) => {
+                start
+                    + commands[start..]
+                        .iter()
+                        .take_while(|c| matches!(c, Command::Append(_)))
+                        .count()
+            }
+            _ => start + 1,
+        };
+        let last = end == commands.len();
+        let step = AppliedMarker {
+            last_applied: if last { Some(log_id) } else { marker.last_applied },
+            membership: marker.membership.clone(),
+            in_progress: if last { None } else { Some((log_id, end)) },
+        };
+        let bytes = encode(&step).map_err(|e| sm_write_err(&e))?;
+        if matches!(commands[start], Command::Append(_)) {
+            let run: Vec<&Append> = commands[start..end]
+                .iter()
+                .filter_map(|c| match c {
+                    Command::Append(a) => Some(a),
+                    _ => None,
+                })
+                .collect();
+            let results = store
+                .apply_appends(&run, &bytes)
+                .map_err(|e| apply_err(log_id, &e))?;
+            for (append, outcome) in run.iter().zip(&results) {
+                if outcome.is_ok() {
+                    touched.insert(append.boundary.clone());
+                }
+            }
+            outcomes.extend(results);
+        } else {
+            let outcome = store
+                .apply(&commands[start], &bytes)
+                .map_err(|e| apply_err(log_id, &e))?;
+            outcomes.push(outcome);
+        }
+        *marker = step;
+        start = end;
+    }
+    if commands.is_empty() || done >= commands.len() {
+        marker.last_applied = Some(log_id);
+        marker.in_progress = None;
+        let bytes = encode(&*marker).map_err(|e| sm_write_err(&e))?;
+        store.apply_marker(&bytes).map_err(|e| apply_err(log_id, &e))?;
+    }
+    Ok(Ok(Applied::Batch(outcomes)))
+}
+
 fn applied_entries(
     store: &Store,
     entries: Vec<Entry<TypeConfig>>,
@@ -170,28 +258,28 @@ fn applied_entries(
     let mut touched = BTreeSet::new();
     for entry in entries {
         let log_id = entry.log_id;
-        marker.last_applied = Some(log_id);
-        if let EntryPayload::Membership(m) = &entry.payload {
-            marker.membership = StoredMembership::new(Some(log_id), m.clone());
-        }
-        let bytes = encode(&marker).map_err(|e| sm_write_err(&e))?;
         let outcome = match &entry.payload {
+            EntryPayload::Normal(Command::Batch(commands)) => {
+                apply_batch(store, log_id, commands, &mut marker, &mut touched)?
+            }
             EntryPayload::Normal(command) => {
-                let outcome = store.apply(command, &bytes).map_err(|e| {
-                    tracing::error!("failed to apply entry {}: {e}", log_id.index);
-                    StorageError::from(StorageIOError::apply(log_id, &e))
-                })?;
-                if let (Command::Append(append), Ok(Applied::Appended { .. })) = (command, &outcome)
-                {
+                marker.last_applied = Some(log_id);
+                marker.in_progress = None;
+                let bytes = encode(&marker).map_err(|e| sm_write_err(&e))?;
+                let outcome = store.apply(command, &bytes).map_err(|e| apply_err(log_id, &e))?;
+                if let (Command::Append(append), Ok(Applied::Appended { .. })) = (command, &outcome) {
                     touched.insert(append.boundary.clone());
                 }
                 outcome
             }
             EntryPayload::Blank | EntryPayload::Membership(_) => {
-                store.apply_marker(&bytes).map_err(|e| {
-                    tracing::error!("failed to apply entry {}: {e}", log_id.index);
-                    StorageError::from(StorageIOError::apply(log_id, &e))
-                })?;
+                marker.last_applied = Some(log_id);
+                marker.in_progress = None;
+                if let EntryPayload::Membership(m) = &entry.payload {
+                    marker.membership = StoredMembership::new(Some(log_id), m.clone());
+                }
+                let bytes = encode(&marker).map_err(|e| sm_write_err(&e))?;
+                store.apply_marker(&bytes).map_err(|e| apply_err(log_id, &e))?;
                 Ok(Applied::Done)
             }
         };
@@ -279,25 +367,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         out.sync_all().await.map_err(|e| snap_err(&e))?;
         drop(out);
 
-        let marker = AppliedMarker {
-            last_applied: meta.last_log_id,
-            membership: meta.last_membership.clone(),
-        };
-        let marker_bytes = encode(&marker).map_err(|e| snap_err(&e))?;
-        let meta_bytes = encode(meta).map_err(|e| snap_err(&e))?;
+        let meta_bytes = serde_json::to_vec_pretty(meta).map_err(|e| snap_err(&e))?;
         let store = self.store.clone();
         let snapshots = self.snapshots.clone();
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             let _guard = snapshots.guard();
             let staged = snapshots.path.join(format!("installing-{}", unix_nanos()));
             unpack_dir(&received, &staged).map_err(|e| snap_err(&e))?;
+            // The checkpoint carries its own applied marker (including a batch in progress),
+            // consistent with its data; installing it installs the marker too.
             store.install_checkpoint(&staged).map_err(|e| {
                 tracing::error!("failed to install snapshot: {e}");
                 snap_err(&e)
             })?;
-            store
-                .apply_marker(&marker_bytes)
-                .map_err(|e| snap_err(&e))?;
             std::fs::write(staged.join(META_FILE), &meta_bytes).map_err(|e| snap_err(&e))?;
             snapshots.promote(&staged)?;
             snapshots.remove_matching(|name| {
@@ -307,6 +389,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })
         .await
         .map_err(|e| snap_err(AnyError::error(format!("install task failed: {e}"))))??;
+        let marker: AppliedMarker = match self.store.applied_marker() {
+            Some(bytes) => decode(&bytes).map_err(|e| snap_err(&e))?,
+            None => AppliedMarker::default(),
+        };
+        if marker.last_applied != meta.last_log_id {
+            return Err(snap_err(AnyError::error(format!(
+                "snapshot {} claims to end at {:?} but its state ends at {:?}",
+                meta.snapshot_id, meta.last_log_id, marker.last_applied
+            ))));
+        }
         self.marker = marker;
         self.observer.snapshot_installed();
         self.heads.publish_all(&self.store);
@@ -378,7 +470,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             };
             std::fs::write(
                 staged.join(META_FILE),
-                encode(&meta).map_err(|e| snap_err(&e))?,
+                serde_json::to_vec_pretty(&meta).map_err(|e| snap_err(&e))?,
             )
             .map_err(|e| snap_err(&e))?;
             let _guard = snapshots.guard();
@@ -397,5 +489,106 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             meta,
             snapshot: Box::new(tokio::fs::File::from_std(manifest)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::event::{NewEvent, RawEvent};
+    use cairn_store::{Direction, ReadStart, StoreOptions};
+    use openraft::CommittedLeaderId;
+
+    fn append(boundary: &str, n: usize) -> Command {
+        Command::Append(Append {
+            boundary: boundary.into(),
+            observations: vec![],
+            events: (0..n)
+                .map(|i| {
+                    NewEvent::validate(
+                        RawEvent {
+                            event_id: format!("e{i}"),
+                            event_type: "T".into(),
+                            data: "{}".into(),
+                            metadata: String::new(),
+                        },
+                        i,
+                    )
+                    .expect("valid")
+                })
+                .collect(),
+            at_unix_nanos: 0,
+        })
+    }
+
+    fn create(name: &str) -> Command {
+        Command::CreateBoundary {
+            name: name.into(),
+            description: String::new(),
+            placement: None,
+            existed_before_catalog: false,
+            idempotent_event_ids: false,
+            if_absent: false,
+        }
+    }
+
+    fn events(store: &Store, name: &str) -> Vec<String> {
+        let bid = store
+            .with_catalog(|c| c.boundaries.get(name).map(|b| b.id))
+            .expect("boundary");
+        store
+            .read_events(bid, &Default::default(), ReadStart::Edge, Direction::Asc, 100)
+            .expect("read")
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_interrupted_by_a_crash_is_completed_without_repeating_anything() {
+        let log_id = LogId::new(CommittedLeaderId::new(1, 1), 7);
+        let batch = vec![append("a", 2), create("b"), append("b", 1), append("a", 1)];
+        let entry = Entry::<TypeConfig> {
+            log_id,
+            payload: EntryPayload::Normal(Command::Batch(batch.clone())),
+        };
+
+        let open = || {
+            let dir = tempfile::tempdir().expect("dir");
+            let store = Store::open(dir.path(), &StoreOptions::default()).expect("open");
+            store.apply(&create("a"), b"").expect("create a").expect("created");
+            (dir, store)
+        };
+
+        // Uninterrupted.
+        let (_d1, whole) = open();
+        let (outcomes, marker, _) =
+            applied_entries(&whole, vec![entry.clone()], AppliedMarker::default()).expect("apply");
+        assert_eq!(marker.last_applied, Some(log_id));
+        assert_eq!(marker.in_progress, None);
+        let Ok(Applied::Batch(results)) = &outcomes[0] else {
+            panic!("batch outcome expected: {outcomes:?}");
+        };
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+
+        // Crashed after the first run (the first append) was stored: the marker says so.
+        let (_d2, crashed) = open();
+        let partial = AppliedMarker {
+            last_applied: None,
+            membership: Default::default(),
+            in_progress: Some((log_id, 1)),
+        };
+        let Command::Append(first) = &batch[0] else { unreachable!() };
+        crashed
+            .apply_appends(&[first], &encode(&partial).expect("encode"))
+            .expect("first run");
+        let restarted: AppliedMarker =
+            decode(&crashed.applied_marker().expect("marker")).expect("decode");
+        assert_eq!(restarted.in_progress, Some((log_id, 1)));
+        let (_, marker, _) = applied_entries(&crashed, vec![entry], restarted).expect("re-apply");
+        assert_eq!(marker.last_applied, Some(log_id));
+        assert_eq!(events(&crashed, "a"), events(&whole, "a"), "nothing applied twice");
+        assert_eq!(events(&crashed, "b"), events(&whole, "b"));
+        assert_eq!(events(&whole, "a"), vec!["e0", "e1", "e0"]);
     }
 }

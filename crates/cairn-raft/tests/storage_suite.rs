@@ -15,7 +15,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Roc
         let dir = tempfile::tempdir().map_err(|e| io(e.to_string()))?;
         let store = Store::open(dir.path().join("db"), &StoreOptions::default())
             .map_err(|e| io(e.to_string()))?;
-        let log = LogStore::new(store.db().clone());
+        let log = LogStore::new(store.db().clone()).map_err(|e| io(e.to_string()))?;
         let sm = StateMachine::new(
             store,
             dir.path().join("snapshots"),

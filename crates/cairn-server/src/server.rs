@@ -134,59 +134,63 @@ async fn bootstrap(node: &NodeState) -> Result<(), cairn_core::Error> {
     Ok(())
 }
 
-/// Publishes Raft metrics as they change.
+/// How often Raft metrics are sampled into the registry.
+const RAFT_METRICS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Samples Raft metrics periodically (following every change would cost work per write).
 fn spawn_raft_metrics(node: Arc<NodeState>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut rx = node.raft.raft().metrics();
+        let rx = node.raft.raft().metrics();
         let mut last_leader = None;
+        let mut tick = tokio::time::interval(RAFT_METRICS_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            {
-                let m = rx.borrow_and_update();
-                let metrics = &node.metrics;
-                metrics.raft_term.set(m.current_term as i64);
-                metrics
-                    .raft_is_leader
-                    .set(i64::from(m.current_leader == Some(m.id)));
-                if m.current_leader != last_leader {
-                    if last_leader.is_some() || m.current_leader.is_some() {
-                        metrics.raft_leader_changes.inc();
-                    }
-                    last_leader = m.current_leader;
+            tick.tick().await;
+            let m = rx.borrow().clone();
+            let metrics = &node.metrics;
+            metrics.raft_term.set(m.current_term as i64);
+            metrics
+                .raft_is_leader
+                .set(i64::from(m.current_leader == Some(m.id)));
+            if m.current_leader != last_leader {
+                if m.current_leader.is_some() {
+                    metrics.raft_leader_changes.inc();
                 }
-                metrics
-                    .raft_last_log_index
-                    .set(m.last_log_index.unwrap_or(0) as i64);
-                metrics
-                    .raft_applied_index
-                    .set(m.last_applied.map_or(0, |l| l.index) as i64);
-                metrics
-                    .raft_snapshot_index
-                    .set(m.snapshot.map_or(0, |l| l.index) as i64);
-                // Only a leader tracks its peers; followers export no lag series.
-                metrics.replication_lag.reset();
-                metrics.raft_committed_index.reset();
-                if let Some(replication) = &m.replication {
-                    // Committed = the index a majority of voters has stored.
-                    let mut matched: Vec<u64> = m
-                        .membership_config
-                        .membership()
-                        .voter_ids()
-                        .map(|id| {
-                            replication
-                                .get(&id)
-                                .and_then(|l| l.map(|l| l.index))
-                                .unwrap_or(0)
-                        })
-                        .collect();
-                    matched.sort_unstable_by(|a, b| b.cmp(a));
-                    if let Some(committed) = matched.get(matched.len() / 2) {
-                        metrics
-                            .raft_committed_index
-                            .with_label_values(&[&m.id.to_string()])
-                            .set(*committed as i64);
-                    }
+                last_leader = m.current_leader;
+            }
+            metrics
+                .raft_last_log_index
+                .set(m.last_log_index.unwrap_or(0) as i64);
+            metrics
+                .raft_applied_index
+                .set(m.last_applied.map_or(0, |l| l.index) as i64);
+            metrics
+                .raft_snapshot_index
+                .set(m.snapshot.map_or(0, |l| l.index) as i64);
+            // Only a leader tracks its peers; followers export no lag series.
+            metrics.replication_lag.reset();
+            metrics.raft_committed_index.reset();
+            if let Some(replication) = &m.replication {
+                // Committed = the index a majority of voters has stored.
+                let mut matched: Vec<u64> = m
+                    .membership_config
+                    .membership()
+                    .voter_ids()
+                    .map(|id| {
+                        replication
+                            .get(&id)
+                            .and_then(|l| l.map(|l| l.index))
+                            .unwrap_or(0)
+                    })
+                    .collect();
+                matched.sort_unstable_by(|a, b| b.cmp(a));
+                if let Some(committed) = matched.get(matched.len() / 2) {
+                    metrics
+                        .raft_committed_index
+                        .with_label_values(&[&m.id.to_string()])
+                        .set(*committed as i64);
                 }
-                if let (Some(replication), Some(last)) = (&m.replication, m.last_log_index) {
+                if let Some(last) = m.last_log_index {
                     for (peer, matched) in replication {
                         let matched = matched.map_or(0, |l| l.index);
                         metrics
@@ -195,9 +199,6 @@ fn spawn_raft_metrics(node: Arc<NodeState>) -> JoinHandle<()> {
                             .set(last.saturating_sub(matched) as i64);
                     }
                 }
-            }
-            if rx.changed().await.is_err() {
-                return;
             }
         }
     })

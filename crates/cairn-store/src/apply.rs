@@ -1,8 +1,10 @@
 //! Applying replicated commands: the deterministic heart of the store.
 
+use std::collections::HashMap;
+
 use cairn_core::boundary::{BoundaryInfo, BoundaryStatus};
 use cairn_core::command::{Append, Applied, Command, Outcome};
-use cairn_core::{Error, Position};
+use cairn_core::{Criterion, Error, Position, Query};
 use rocksdb::{WriteBatch, WriteOptions};
 
 use crate::catalog::{Catalog, Lease, encode_json};
@@ -71,7 +73,11 @@ impl Store {
         batch: &mut WriteBatch,
     ) -> Result<(Outcome, Option<CatalogUpdate>), Planned> {
         match command {
-            Command::Append(append) => self.plan_append(append, batch),
+            Command::Append(append) => {
+                let mut pending = Pending::default();
+                let outcome = self.plan_append(append, batch, &mut pending)?;
+                Ok((outcome, Some(pending.into_update())))
+            }
             Command::CreateBoundary {
                 name,
                 description,
@@ -293,6 +299,9 @@ impl Store {
                     })),
                 ))
             }
+            Command::Batch(_) => Err(Planned::Rejected(Error::internal(
+                "a batch is applied command by command, never as one command",
+            ))),
             Command::InitTokenKey { key } => {
                 if self.with_catalog(|c| c.token_key.is_some()) {
                     return Ok((Ok(Applied::Done), None));
@@ -312,20 +321,55 @@ impl Store {
             .ok_or_else(|| Planned::Rejected(Error::BoundaryNotActive(name.to_string())))
     }
 
+    /// Applies a run of appends as ONE atomic RocksDB batch, with `marker`. Each append's
+    /// consistency check sees the appends before it in the run (C3) through the in-memory
+    /// overlay of what the batch adds; each gets its own outcome.
+    pub fn apply_appends(&self, appends: &[&Append], marker: &[u8]) -> Result<Vec<Outcome>, StoreError> {
+        let _writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut batch = WriteBatch::default();
+        let mut pending = Pending::default();
+        let mut outcomes = Vec::with_capacity(appends.len());
+        for append in appends {
+            match self.plan_append(append, &mut batch, &mut pending) {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(Planned::Rejected(e)) => outcomes.push(Err(e)),
+                Err(Planned::Storage(e)) => return Err(e),
+            }
+        }
+        batch.put_cf(self.cf(CF_SM_META)?, meta::APPLIED, marker);
+        self.write(batch)?;
+        let update = pending.into_update();
+        self.with_catalog_mut(|c| {
+            c.applied_marker = Some(marker.to_vec());
+            update(c);
+        });
+        Ok(outcomes)
+    }
+
     fn plan_append(
         &self,
         append: &Append,
         batch: &mut WriteBatch,
-    ) -> Result<(Outcome, Option<CatalogUpdate>), Planned> {
+        pending: &mut Pending,
+    ) -> Result<Outcome, Planned> {
         let bid = self.active_boundary_id(&append.boundary)?;
         if append.events.is_empty() {
             // Validated before proposing; kept so a malformed entry cannot underflow below.
             return Err(Planned::Rejected(Error::invalid("events is empty")));
         }
-        // C2: every observation must hold exactly. Earlier entries are already written, so
-        // they count (C3); this entry's own events are not, so they do not.
+        // C2: every observation must hold exactly. Earlier entries are already written and
+        // earlier appends of this batch are in `pending`, so both count (C3); this append's
+        // own events are not there yet, so they do not.
         for obs in &append.observations {
-            let actual = self.latest_position(bid, &obs.query)?;
+            let actual = match pending.latest(bid, &obs.query) {
+                // Anything pending is newer than everything stored.
+                Some(p) => p,
+                None => self.latest_position(bid, &obs.query)?,
+            };
             if actual != obs.position {
                 return Err(Planned::Rejected(Error::Conflict {
                     expected: obs.position,
@@ -333,7 +377,10 @@ impl Store {
                 }));
             }
         }
-        let first = self.with_catalog(|c| c.head(bid));
+        let first = match pending.heads.get(&bid) {
+            Some(head) => *head,
+            None => self.with_catalog(|c| c.head(bid)),
+        };
         let n = append.events.len() as u64;
         let commit = first + n;
         let events_cf = self.cf(CF_EVENTS)?;
@@ -356,6 +403,11 @@ impl Store {
             for tag in &event.tags {
                 let prefix = keys::tag_prefix(bid, &tag.key, &tag.value);
                 batch.put_cf(tags_cf, keys::with_prepare(&prefix, prepare), commit_bytes);
+                pending
+                    .postings
+                    .entry((bid, tag.key.clone(), tag.value.clone()))
+                    .or_default()
+                    .push((prepare, commit));
             }
         }
         if !append.observations.is_empty() {
@@ -365,13 +417,58 @@ impl Store {
                 encode_json(&append.observations),
             );
         }
-        let last = Position::of_event(commit - 1, commit);
-        Ok((
-            Ok(Applied::Appended { last }),
-            Some(Box::new(move |c: &mut Catalog| {
-                c.heads.insert(bid, commit);
-            })),
-        ))
+        pending.heads.insert(bid, commit);
+        Ok(Ok(Applied::Appended {
+            last: Position::of_event(commit - 1, commit),
+        }))
+    }
+}
+
+/// What a batch of appends adds before it is written: heads and posting lists, so later
+/// appends of the batch see earlier ones.
+#[derive(Default)]
+struct Pending {
+    /// Next prepare position per boundary.
+    heads: HashMap<u32, u64>,
+    /// Pending (prepare, commit) per (boundary, key, value), ascending.
+    postings: HashMap<(u32, String, String), Vec<(u64, u64)>>,
+}
+
+impl Pending {
+    /// Newest pending position matching `query`, if any.
+    fn latest(&self, bid: u32, query: &Query) -> Option<Position> {
+        if self.postings.is_empty() {
+            return None;
+        }
+        query
+            .criteria
+            .iter()
+            .filter_map(|c| self.latest_of(bid, c))
+            .max_by_key(|(prepare, _)| *prepare)
+            .map(|(prepare, commit)| Position::of_event(prepare, commit))
+    }
+
+    fn latest_of(&self, bid: u32, criterion: &Criterion) -> Option<(u64, u64)> {
+        let lists = criterion
+            .tags
+            .iter()
+            .map(|t| self.postings.get(&(bid, t.key.clone(), t.value.clone())))
+            .collect::<Option<Vec<_>>>()?;
+        let shortest = lists.iter().min_by_key(|l| l.len())?;
+        shortest.iter().rev().copied().find(|(prepare, _)| {
+            lists
+                .iter()
+                .all(|l| l.binary_search_by_key(prepare, |(p, _)| *p).is_ok())
+        })
+    }
+
+    fn into_update(self) -> CatalogUpdate {
+        let heads = self.heads;
+        Box::new(move |c: &mut Catalog| {
+            for (bid, head) in heads {
+                c.heads.insert(bid, head);
+            }
+        })
     }
 }
 

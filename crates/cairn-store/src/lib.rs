@@ -18,7 +18,10 @@ mod read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
-use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, Options};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, Options,
+    SliceTransform,
+};
 
 pub use catalog::{Catalog, Lease};
 pub use checkpoint::{pack_dir, unpack_dir};
@@ -153,6 +156,16 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// The posting-list prefix of a `tags` key: everything but the trailing prepare position.
+fn posting_list_prefix(key: &[u8]) -> &[u8] {
+    &key[..key.len().saturating_sub(8)]
+}
+
+/// Whether `key` has a posting-list prefix (boundary id, two lengths and a position).
+fn is_posting_key(key: &[u8]) -> bool {
+    key.len() >= 4 + 4 + 4 + 8
+}
+
 fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
     let mut db_opts = Options::default();
     db_opts.create_if_missing(true);
@@ -173,6 +186,18 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
             table.set_bloom_filter(10.0, false);
             table.set_cache_index_and_filter_blocks(true);
             table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+            if *name == CF_TAGS {
+                // A posting list's key is its prefix plus an 8-byte position. Prefix blooms
+                // (in SSTs and the memtable) let a seek into a list that does not exist —
+                // the common CCC check of a fresh context — skip every file at once.
+                table.set_whole_key_filtering(false);
+                cf_opts.set_prefix_extractor(SliceTransform::create(
+                    "cairn.posting_list.v1",
+                    posting_list_prefix,
+                    Some(is_posting_key),
+                ));
+                cf_opts.set_memtable_prefix_bloom_ratio(0.05);
+            }
             cf_opts.set_block_based_table_factory(&table);
             let compression = if *name == CF_TAGS || *name == CF_SM_META {
                 DBCompressionType::None
@@ -271,6 +296,14 @@ impl Store {
             totals.2 += prop("rocksdb.cur-size-all-mem-tables");
         }
         totals
+    }
+
+    /// Flushes every memtable to SST files (so reads go through the on-disk filters).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        for name in ALL_CFS {
+            self.inner.db.flush_cf(self.cf(name)?)?;
+        }
+        Ok(())
     }
 
     /// Flushes the WAL to disk (used at shutdown).

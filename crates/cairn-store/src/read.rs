@@ -146,6 +146,7 @@ impl<'a> View<'a> {
         let mut upper = prefix.clone();
         upper.extend_from_slice(&[0xff; 9]);
         opts.set_iterate_upper_bound(upper);
+        opts.set_prefix_same_as_start(true);
         let it = self.db.raw_iterator_cf_opt(self.store.cf(CF_TAGS)?, opts);
         Ok(Posting { prefix, it })
     }

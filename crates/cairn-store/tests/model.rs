@@ -102,10 +102,8 @@ type QuerySpec = Vec<Vec<(u8, u8)>>;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Append {
-        events: Vec<Vec<(u8, u8)>>,
-        observations: Vec<(QuerySpec, PositionChoice)>,
-    },
+    /// Appends applied as one atomic group (one Raft batch entry); usually just one.
+    Append(Vec<AppendSpec>),
     Read {
         query: QuerySpec,
         start: StartChoice,
@@ -115,6 +113,14 @@ enum Op {
     Latest {
         criteria: QuerySpec,
     },
+    /// Flush memtables, so later reads also go through SST files and their prefix blooms.
+    Flush,
+}
+
+#[derive(Debug, Clone)]
+struct AppendSpec {
+    events: Vec<Vec<(u8, u8)>>,
+    observations: Vec<(QuerySpec, PositionChoice)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -162,14 +168,23 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         (-2..90i64, -2..90i64).prop_map(|(c, p)| StartChoice::ArbitraryInclusive(c, p)),
     ];
     prop_oneof![
-        5 => (
-            prop::collection::vec(prop::collection::vec(tag_strategy(), 0..4), 1..4),
-            prop::collection::vec((query_strategy(1), position), 0..3),
-        )
-            .prop_map(|(events, observations)| Op::Append { events, observations }),
+        5 => {
+            let spec = (
+                prop::collection::vec(prop::collection::vec(tag_strategy(), 0..4), 1..4),
+                prop::collection::vec((query_strategy(1), position), 0..3),
+            )
+                .prop_map(|(events, observations)| AppendSpec { events, observations })
+                .boxed();
+            prop_oneof![
+                3 => prop::collection::vec(spec.clone(), 1..=1),
+                1 => prop::collection::vec(spec, 2..5),
+            ]
+            .prop_map(Op::Append)
+        },
         3 => (query_strategy(0), start, any::<bool>(), 1..12usize)
             .prop_map(|(query, start, desc, count)| Op::Read { query, start, desc, count }),
         2 => query_strategy(1).prop_map(|criteria| Op::Latest { criteria }),
+        1 => Just(Op::Flush),
     ]
 }
 
@@ -192,6 +207,30 @@ fn criterion(tags: &[(u8, u8)]) -> Criterion {
 
 fn query(spec: &[Vec<(u8, u8)>]) -> Query {
     Query::of(spec.iter().map(|c| criterion(c)))
+}
+
+fn new_event(id: u64, tags: &[(u8, u8)]) -> NewEvent {
+    let mut data = String::from("{");
+    let mut seen = std::collections::BTreeSet::new();
+    for &(k, v) in tags {
+        if seen.insert(k) {
+            if data.len() > 1 {
+                data.push(',');
+            }
+            data.push_str(&format!("\"{}\":{}", KEYS[k as usize], VALUES[v as usize]));
+        }
+    }
+    data.push('}');
+    NewEvent::validate(
+        RawEvent {
+            event_id: format!("id-{id}"),
+            event_type: if id % 3 == 0 { "A".into() } else { "B".into() },
+            data,
+            metadata: String::new(),
+        },
+        0,
+    )
+    .expect("generated events are valid")
 }
 
 fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
@@ -221,87 +260,79 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
 
     for op in ops {
         match op {
-            Op::Append {
-                events,
-                observations,
-            } => {
-                let events: Vec<NewEvent> = events
-                    .iter()
-                    .map(|tags| {
-                        next_id += 1;
-                        let mut data = String::from("{");
-                        let mut seen = std::collections::BTreeSet::new();
-                        for &(k, v) in tags {
-                            if seen.insert(k) {
-                                if data.len() > 1 {
-                                    data.push(',');
-                                }
-                                data.push_str(&format!(
-                                    "\"{}\":{}",
-                                    KEYS[k as usize], VALUES[v as usize]
-                                ));
-                            }
-                        }
-                        data.push('}');
-                        NewEvent::validate(
-                            RawEvent {
-                                event_id: format!("id-{next_id}"),
-                                event_type: if next_id.is_multiple_of(3) {
-                                    "A".into()
-                                } else {
-                                    "B".into()
-                                },
-                                data,
-                                metadata: String::new(),
-                            },
-                            0,
-                        )
-                        .expect("generated events are valid")
-                    })
-                    .collect();
-                let raw_obs: Vec<Observation> = observations
-                    .iter()
-                    .map(|(q, choice)| {
-                        let query = query(q);
-                        let position = match choice {
-                            PositionChoice::Current => model.latest(&query),
-                            PositionChoice::Remembered(i) => remembered[i % remembered.len()],
-                            PositionChoice::None => Position::NONE,
-                            PositionChoice::Arbitrary(c, p) => Position::new(*c, *p),
-                        };
-                        Observation { query, position }
-                    })
-                    .collect();
-                let Ok(observations) = normalize_observations(raw_obs) else {
-                    // Contradictory observations are rejected before reaching the store.
+            Op::Append(specs) => {
+                let mut group = Vec::new();
+                let mut expected = Vec::new();
+                for spec in specs {
+                    let events: Vec<NewEvent> = spec
+                        .events
+                        .iter()
+                        .map(|tags| {
+                            next_id += 1;
+                            new_event(next_id, tags)
+                        })
+                        .collect();
+                    let raw_obs: Vec<Observation> = spec
+                        .observations
+                        .iter()
+                        .map(|(q, choice)| {
+                            let query = query(q);
+                            // Chosen against the model as it stands after the earlier
+                            // appends of the group: that is what the group must honour.
+                            let position = match *choice {
+                                PositionChoice::Current => model.latest(&query),
+                                PositionChoice::Remembered(i) => remembered[i % remembered.len()],
+                                PositionChoice::None => Position::NONE,
+                                PositionChoice::Arbitrary(c, p) => Position::new(c, p),
+                            };
+                            Observation { query, position }
+                        })
+                        .collect();
+                    let Ok(observations) = normalize_observations(raw_obs) else {
+                        // Contradictory observations are rejected before reaching the store.
+                        continue;
+                    };
+                    let conditional = !observations.is_empty();
+                    expected.push((model.apply(&observations, &events), conditional));
+                    group.push(Append {
+                        boundary: "b".into(),
+                        observations,
+                        events,
+                        at_unix_nanos: 1,
+                    });
+                }
+                if group.is_empty() {
                     continue;
+                }
+                let actual: Vec<Outcome> = if group.len() == 1 {
+                    let single = Command::Append(group.remove(0));
+                    vec![
+                        store
+                            .apply(&single, b"m")
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?,
+                    ]
+                } else {
+                    let refs: Vec<&Append> = group.iter().collect();
+                    store
+                        .apply_appends(&refs, b"m")
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?
                 };
-                let expected = model.apply(&observations, &events);
-                let observations_empty = observations.is_empty();
-                let actual = store
-                    .apply(
-                        &Command::Append(Append {
-                            boundary: "b".into(),
-                            observations,
-                            events,
-                            at_unix_nanos: 1,
-                        }),
-                        b"m",
-                    )
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(&actual, &expected);
-                match actual {
-                    Ok(Applied::Appended { last }) => {
-                        COMMITS.fetch_add(1, Ordering::Relaxed);
-                        if !observations_empty {
-                            CONDITIONAL_COMMITS.fetch_add(1, Ordering::Relaxed);
+                prop_assert_eq!(actual.len(), expected.len());
+                for (actual, (expected, conditional)) in actual.into_iter().zip(expected) {
+                    prop_assert_eq!(&actual, &expected);
+                    match actual {
+                        Ok(Applied::Appended { last }) => {
+                            COMMITS.fetch_add(1, Ordering::Relaxed);
+                            if conditional {
+                                CONDITIONAL_COMMITS.fetch_add(1, Ordering::Relaxed);
+                            }
+                            remembered.push(last);
                         }
-                        remembered.push(last);
+                        Err(Error::Conflict { .. }) => {
+                            CONFLICTS.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {}
                     }
-                    Err(Error::Conflict { .. }) => {
-                        CONFLICTS.fetch_add(1, Ordering::Relaxed);
-                    }
-                    _ => {}
                 }
             }
             Op::Read {
@@ -357,6 +388,9 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert_eq!(latest, model.latest(&q));
                 remembered.push(latest);
+            }
+            Op::Flush => {
+                store.flush().map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
             Op::Latest { criteria } => {
                 let criteria: Vec<Criterion> = criteria

@@ -34,7 +34,10 @@ pub struct Auth {
 }
 
 impl Interceptor for Auth {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         let (name, value) = self
             .header
             .read()
@@ -49,12 +52,16 @@ impl Auth {
     /// Switches to a session token returned by the server.
     pub fn adopt_token(&self, metadata: &MetadataMap) {
         if let Some(token) = metadata.get("x-auth-token") {
-            *self.header.write().unwrap_or_else(|p| p.into_inner()) = ("x-auth-token", token.clone());
+            *self.header.write().unwrap_or_else(|p| p.into_inner()) =
+                ("x-auth-token", token.clone());
         }
     }
 }
 
 type Svc = InterceptedService<Channel, Auth>;
+
+/// How long to wait for a node that reports it is still starting.
+const STARTUP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// One connection (HTTP/2 channel) with its clients.
 #[derive(Clone)]
@@ -90,16 +97,30 @@ impl Connection {
         let auth = Auth {
             header: Arc::new(RwLock::new((
                 "authorization",
-                format!("Basic {basic}").parse().context("credentials are not ASCII")?,
+                format!("Basic {basic}")
+                    .parse()
+                    .context("credentials are not ASCII")?,
             ))),
         };
         let mut es = EventStoreClient::with_interceptor(channel.clone(), auth.clone())
             .max_decoding_message_size(256 * 1024 * 1024);
         let admin = AdminClient::with_interceptor(channel, auth.clone());
-        let pong = es
-            .ping(pb::PingRequest {})
-            .await
-            .with_context(|| format!("login to {endpoint} failed"))?;
+        // A node that is still starting answers UNAVAILABLE: wait for it, within reason.
+        let deadline = std::time::Instant::now() + STARTUP_WAIT;
+        let pong = loop {
+            match es.ping(pb::PingRequest {}).await {
+                Ok(pong) => break pong,
+                Err(status)
+                    if status.code() == tonic::Code::Unavailable
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+                Err(status) => {
+                    return Err(status).with_context(|| format!("login to {endpoint} failed"));
+                }
+            }
+        };
         auth.adopt_token(pong.metadata());
         Ok(Connection { es, admin })
     }

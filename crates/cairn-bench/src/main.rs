@@ -30,6 +30,7 @@ mod defaults {
     pub const DURATION_SECS: u64 = 30;
     pub const BACKGROUND_CLIENTS: usize = 4;
     pub const HOT_CONTEXTS: u64 = 100;
+    pub const CONNECTIONS: usize = 0;
 }
 
 /// Load generator for Orisun-compatible event stores (Cairn, Orisun).
@@ -89,6 +90,10 @@ struct Args {
     #[arg(long, env = "CAIRN_BENCH_HOT_CONTEXTS", default_value_t = defaults::HOT_CONTEXTS)]
     hot_contexts: u64,
 
+    /// HTTP/2 connections shared by the clients of a run (0 = one per client).
+    #[arg(long, env = "CAIRN_BENCH_CONNECTIONS", default_value_t = defaults::CONNECTIONS)]
+    connections: usize,
+
     /// Write the anchor-format CSV here.
     #[arg(long, env = "CAIRN_BENCH_CSV")]
     csv: Option<PathBuf>,
@@ -125,7 +130,9 @@ async fn main() -> anyhow::Result<()> {
         password: args.password.clone(),
         ca_cert: args.ca_cert.clone(),
     };
-    let admin = Connection::open(&connect, 0).await.context("failed to connect")?;
+    let admin = Connection::open(&connect, 0)
+        .await
+        .context("failed to connect")?;
     let contexts = seed::ensure(
         &admin,
         &args.boundary,
@@ -146,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
         seeded_contexts: contexts.contexts,
         hot_contexts: args.hot_contexts.max(1),
         progress: !args.quiet,
+        connections: args.connections,
     };
     let mut report = Report::default();
     for scenario in &scenarios {

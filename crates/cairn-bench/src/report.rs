@@ -50,7 +50,8 @@ impl Report {
 
     /// Writes the CSV.
     pub fn write_csv(&self, path: &Path) -> anyhow::Result<()> {
-        std::fs::write(path, self.csv()).with_context(|| format!("failed to write {}", path.display()))
+        std::fs::write(path, self.csv())
+            .with_context(|| format!("failed to write {}", path.display()))
     }
 
     /// Writes the JSON report.
@@ -66,7 +67,10 @@ mod tests {
 
     #[test]
     fn header_matches_the_anchors() {
-        let anchors = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/anchors/orisun-postgres-2026-07-30.csv");
+        let anchors = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/anchors/orisun-postgres-2026-07-30.csv"
+        );
         if let Ok(text) = std::fs::read_to_string(anchors) {
             assert_eq!(text.lines().next(), Some(CSV_HEADER));
         }

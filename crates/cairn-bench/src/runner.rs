@@ -39,6 +39,9 @@ pub struct Settings {
     pub hot_contexts: u64,
     /// Show progress.
     pub progress: bool,
+    /// HTTP/2 connections per client group (0 = one per client). Clients share them
+    /// round-robin, as goroutines share one gRPC channel in Go clients.
+    pub connections: usize,
 }
 
 /// What one client (or one group of clients) measured.
@@ -188,7 +191,9 @@ impl Client {
 
     async fn write(&mut self, n: usize, conditional: bool) -> Done {
         let context = self.fresh_context();
-        let events = (0..n).map(|i| event(&context, self.seq * 1000 + i as u64)).collect();
+        let events = (0..n)
+            .map(|i| event(&context, self.seq * 1000 + i as u64))
+            .collect();
         let consistency = if conditional {
             vec![pb::ConsistencyObservation {
                 query: Some(pb::Query {
@@ -234,7 +239,10 @@ impl Client {
     }
 
     async fn read_unconditional(&mut self) -> Done {
-        let span = self.seeded_events.saturating_sub(u64::from(UNCONDITIONAL_READ_COUNT)).max(1);
+        let span = self
+            .seeded_events
+            .saturating_sub(u64::from(UNCONDITIONAL_READ_COUNT))
+            .max(1);
         let p = self.rng.gen_range(0..span) as i64;
         // A lower bound by position: (p+1, p) is at or before the event at prepare p.
         let events = self
@@ -256,7 +264,10 @@ impl Client {
         Ok((events.len() as u64, 0))
     }
 
-    async fn latest(&mut self, criteria: Vec<pb::Criterion>) -> Result<pb::GetLatestByCriteriaResponse, Status> {
+    async fn latest(
+        &mut self,
+        criteria: Vec<pb::Criterion>,
+    ) -> Result<pb::GetLatestByCriteriaResponse, Status> {
         Ok(self
             .conn
             .es
@@ -273,12 +284,18 @@ impl Client {
             .map(|_| context_criterion(&random_seed_context(&mut self.rng, self.seeded_contexts)))
             .collect();
         let r = self.latest(criteria).await?;
-        Ok((r.results.iter().filter(|x| x.event.is_some()).count() as u64, 0))
+        Ok((
+            r.results.iter().filter(|x| x.event.is_some()).count() as u64,
+            0,
+        ))
     }
 
     /// Read the context, decide, write under the observation; retry on conflict.
     async fn command_cycle(&mut self) -> Done {
-        let context = seed_context(self.rng.gen_range(0..self.hot_contexts.min(self.seeded_contexts).max(1)));
+        let context = seed_context(
+            self.rng
+                .gen_range(0..self.hot_contexts.min(self.seeded_contexts).max(1)),
+        );
         let criteria = vec![context_criterion(&context)];
         let mut retries = 0;
         loop {
@@ -322,7 +339,12 @@ impl Client {
     }
 }
 
-async fn client_loop(mut client: Client, scenario: Scenario, measure_from: Instant, end: Instant) -> Stats {
+async fn client_loop(
+    mut client: Client,
+    scenario: Scenario,
+    measure_from: Instant,
+    end: Instant,
+) -> Stats {
     let mut stats = Stats::new();
     loop {
         let started = Instant::now();
@@ -359,12 +381,22 @@ async fn spawn_group(
     end: Instant,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<Stats>>> {
     let mut handles = Vec::with_capacity(clients);
+    let connections = if settings.connections == 0 {
+        clients
+    } else {
+        settings.connections.min(clients)
+    };
+    let mut conns = Vec::with_capacity(connections);
+    for c in 0..connections {
+        conns.push(
+            Connection::open(connect, first_index + c)
+                .await
+                .with_context(|| format!("connection {c} could not be opened"))?,
+        );
+    }
     for i in 0..clients {
-        let conn = Connection::open(connect, first_index + i)
-            .await
-            .with_context(|| format!("client {i} could not connect"))?;
         let client = Client {
-            conn,
+            conn: conns[i % connections].clone(),
             rng: StdRng::from_entropy(),
             boundary: settings.boundary.clone(),
             seeded_events: settings.seeded_events,
@@ -373,7 +405,12 @@ async fn spawn_group(
             nonce: rand::random(),
             seq: 0,
         };
-        handles.push(tokio::spawn(client_loop(client, scenario, measure_from, end)));
+        handles.push(tokio::spawn(client_loop(
+            client,
+            scenario,
+            measure_from,
+            end,
+        )));
     }
     Ok(handles)
 }
@@ -394,7 +431,8 @@ pub async fn run(
     settings: &Settings,
 ) -> anyhow::Result<RunResult> {
     // Connections are opened before the clock starts, so login does not count.
-    let start = Instant::now() + Duration::from_millis(50) + Duration::from_millis(2 * clients as u64);
+    let start =
+        Instant::now() + Duration::from_millis(50) + Duration::from_millis(2 * clients as u64);
     let measure_from = start + settings.warmup;
     let end = measure_from + settings.duration;
     let main = spawn_group(connect, scenario, clients, 0, settings, measure_from, end).await?;
@@ -436,8 +474,11 @@ pub async fn run(
     let bg = collect(background).await?;
     bar.finish_and_clear();
     let secs = settings.duration.as_secs_f64();
-    let mut errors_by_code: BTreeMap<String, u64> =
-        stats.errors.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let mut errors_by_code: BTreeMap<String, u64> = stats
+        .errors
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
     for (k, v) in &bg.errors {
         *errors_by_code.entry(format!("background:{k}")).or_default() += v;
     }
@@ -454,9 +495,21 @@ pub async fn run(
         p50_ms: stats.ms(0.50),
         p95_ms: stats.ms(0.95),
         p99_ms: stats.ms(0.99),
-        max_ms: if stats.latency_us.is_empty() { 0.0 } else { stats.latency_us.max() as f64 / 1000.0 },
-        background_kind: if with_readers { Scenario::ReadUnconditional.name().to_string() } else { String::new() },
-        background_clients: if with_readers { settings.background_clients } else { 0 },
+        max_ms: if stats.latency_us.is_empty() {
+            0.0
+        } else {
+            stats.latency_us.max() as f64 / 1000.0
+        },
+        background_kind: if with_readers {
+            Scenario::ReadUnconditional.name().to_string()
+        } else {
+            String::new()
+        },
+        background_clients: if with_readers {
+            settings.background_clients
+        } else {
+            0
+        },
         background_requests: bg.requests,
         background_events: bg.events,
         background_errors: bg.error_count(),

@@ -73,7 +73,9 @@ impl Scenario {
             | Scenario::WriteUnconditional1WithReaders
             | Scenario::CommandCycle => 1,
             Scenario::WriteConditional100 | Scenario::WriteUnconditional100 => 100,
-            Scenario::ReadConditional | Scenario::ReadUnconditional | Scenario::LatestByCriteria => 0,
+            Scenario::ReadConditional
+            | Scenario::ReadUnconditional
+            | Scenario::LatestByCriteria => 0,
         }
     }
 }

@@ -55,13 +55,18 @@ pub async fn ensure(
         .count as u64;
     let contexts = (target / EVENTS_PER_SEED_CONTEXT).max(1);
     if count >= target {
-        return Ok(Seeded { events: count, contexts });
+        return Ok(Seeded {
+            events: count,
+            contexts,
+        });
     }
     let bar = if progress {
         let bar = ProgressBar::new(target);
         bar.set_style(
-            ProgressStyle::with_template("seeding {bar:40} {pos}/{len} events ({per_sec}, eta {eta})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "seeding {bar:40} {pos}/{len} events ({per_sec}, eta {eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         bar.set_position(count);
         bar
@@ -82,7 +87,9 @@ pub async fn ensure(
         let bar = bar.clone();
         tasks.push(tokio::spawn(async move {
             for (from, to) in part {
-                let events = (from..to).map(|i| event(&seed_context(i % contexts), i)).collect();
+                let events = (from..to)
+                    .map(|i| event(&seed_context(i % contexts), i))
+                    .collect();
                 conn.es
                     .save_events_v2(pb::SaveEventsV2Request {
                         boundary: boundary.clone(),
@@ -105,5 +112,8 @@ pub async fn ensure(
         target - count,
         started.elapsed().as_secs_f64()
     );
-    Ok(Seeded { events: target, contexts })
+    Ok(Seeded {
+        events: target,
+        contexts,
+    })
 }

@@ -210,7 +210,10 @@ impl Command {
                             + e.metadata.len()
                             + e.event_id.len()
                             + e.event_type.len()
-                            + e.tags.iter().map(|t| t.key.len() + t.value.len() + 8).sum::<usize>()
+                            + e.tags
+                                .iter()
+                                .map(|t| t.key.len() + t.value.len() + 8)
+                                .sum::<usize>()
                     })
                     .sum::<usize>()
                     + a.observations

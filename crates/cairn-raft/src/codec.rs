@@ -71,6 +71,9 @@ mod tests {
         })]);
         let bytes = encode(&command).expect("encode");
         assert_eq!(decode::<Command>(&bytes).expect("decode"), command);
-        assert!(matches!(decode::<Command>(b"{}"), Err(CodecError::UnknownFormat(b'{'))));
+        assert!(matches!(
+            decode::<Command>(b"{}"),
+            Err(CodecError::UnknownFormat(b'{'))
+        ));
     }
 }

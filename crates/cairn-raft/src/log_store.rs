@@ -279,9 +279,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // from the syncer's fsync before the callback reports them persisted.
         let mut opts = WriteOptions::default();
         opts.set_sync(false);
-        self.db
-            .write_opt(batch, &opts)
-            .map_err(|e| write_err(&e))?;
+        self.db.write_opt(batch, &opts).map_err(|e| write_err(&e))?;
         self.syncer
             .send(callback)
             .map_err(|_| write_err(AnyError::error("the raft log syncer has stopped")))?;

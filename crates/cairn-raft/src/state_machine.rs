@@ -82,7 +82,9 @@ impl SnapshotDir {
 
     fn read_meta(dir: &Path) -> Result<Option<SnapshotMeta<u64, BasicNode>>, StorageError> {
         match std::fs::read(dir.join(META_FILE)) {
-            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(|e| snap_err(&e))?)),
+            Ok(bytes) => Ok(Some(
+                serde_json::from_slice(&bytes).map_err(|e| snap_err(&e))?,
+            )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(snap_err(&e)),
         }
@@ -209,7 +211,11 @@ fn apply_batch(
         };
         let last = end == commands.len();
         let step = AppliedMarker {
-            last_applied: if last { Some(log_id) } else { marker.last_applied },
+            last_applied: if last {
+                Some(log_id)
+            } else {
+                marker.last_applied
+            },
             membership: marker.membership.clone(),
             in_progress: if last { None } else { Some((log_id, end)) },
         };
@@ -244,7 +250,9 @@ fn apply_batch(
         marker.last_applied = Some(log_id);
         marker.in_progress = None;
         let bytes = encode(&*marker).map_err(|e| sm_write_err(&e))?;
-        store.apply_marker(&bytes).map_err(|e| apply_err(log_id, &e))?;
+        store
+            .apply_marker(&bytes)
+            .map_err(|e| apply_err(log_id, &e))?;
     }
     Ok(Ok(Applied::Batch(outcomes)))
 }
@@ -266,8 +274,11 @@ fn applied_entries(
                 marker.last_applied = Some(log_id);
                 marker.in_progress = None;
                 let bytes = encode(&marker).map_err(|e| sm_write_err(&e))?;
-                let outcome = store.apply(command, &bytes).map_err(|e| apply_err(log_id, &e))?;
-                if let (Command::Append(append), Ok(Applied::Appended { .. })) = (command, &outcome) {
+                let outcome = store
+                    .apply(command, &bytes)
+                    .map_err(|e| apply_err(log_id, &e))?;
+                if let (Command::Append(append), Ok(Applied::Appended { .. })) = (command, &outcome)
+                {
                     touched.insert(append.boundary.clone());
                 }
                 outcome
@@ -279,7 +290,9 @@ fn applied_entries(
                     marker.membership = StoredMembership::new(Some(log_id), m.clone());
                 }
                 let bytes = encode(&marker).map_err(|e| sm_write_err(&e))?;
-                store.apply_marker(&bytes).map_err(|e| apply_err(log_id, &e))?;
+                store
+                    .apply_marker(&bytes)
+                    .map_err(|e| apply_err(log_id, &e))?;
                 Ok(Applied::Done)
             }
         };
@@ -537,7 +550,13 @@ mod tests {
             .with_catalog(|c| c.boundaries.get(name).map(|b| b.id))
             .expect("boundary");
         store
-            .read_events(bid, &Default::default(), ReadStart::Edge, Direction::Asc, 100)
+            .read_events(
+                bid,
+                &Default::default(),
+                ReadStart::Edge,
+                Direction::Asc,
+                100,
+            )
             .expect("read")
             .into_iter()
             .map(|e| e.event_id)
@@ -556,7 +575,10 @@ mod tests {
         let open = || {
             let dir = tempfile::tempdir().expect("dir");
             let store = Store::open(dir.path(), &StoreOptions::default()).expect("open");
-            store.apply(&create("a"), b"").expect("create a").expect("created");
+            store
+                .apply(&create("a"), b"")
+                .expect("create a")
+                .expect("created");
             (dir, store)
         };
 
@@ -578,7 +600,9 @@ mod tests {
             membership: Default::default(),
             in_progress: Some((log_id, 1)),
         };
-        let Command::Append(first) = &batch[0] else { unreachable!() };
+        let Command::Append(first) = &batch[0] else {
+            unreachable!()
+        };
         crashed
             .apply_appends(&[first], &encode(&partial).expect("encode"))
             .expect("first run");
@@ -587,7 +611,11 @@ mod tests {
         assert_eq!(restarted.in_progress, Some((log_id, 1)));
         let (_, marker, _) = applied_entries(&crashed, vec![entry], restarted).expect("re-apply");
         assert_eq!(marker.last_applied, Some(log_id));
-        assert_eq!(events(&crashed, "a"), events(&whole, "a"), "nothing applied twice");
+        assert_eq!(
+            events(&crashed, "a"),
+            events(&whole, "a"),
+            "nothing applied twice"
+        );
         assert_eq!(events(&crashed, "b"), events(&whole, "b"));
         assert_eq!(events(&whole, "a"), vec!["e0", "e1", "e0"]);
     }

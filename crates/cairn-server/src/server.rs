@@ -13,6 +13,7 @@ use cairn_store::StoreOptions;
 use rand::RngCore;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::codec::CompressionEncoding;
@@ -265,7 +266,15 @@ pub async fn start_on(
             .add_service(event_store)
             .add_service(admin)
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(grpc_listener),
+                // serve_with_incoming ignores the builder's TCP settings: without NODELAY,
+                // Nagle holds a response's trailing frames for the client's delayed ACK (40 ms).
+                TcpListenerStream::new(grpc_listener).map(|accepted| {
+                    accepted.inspect(|stream| {
+                        if let Err(e) = stream.set_nodelay(true) {
+                            tracing::warn!("failed to set TCP_NODELAY on a client connection: {e}");
+                        }
+                    })
+                }),
                 grpc_stop.clone().cancelled_owned(),
             ),
     );

@@ -324,7 +324,11 @@ impl Store {
     /// Applies a run of appends as ONE atomic RocksDB batch, with `marker`. Each append's
     /// consistency check sees the appends before it in the run (C3) through the in-memory
     /// overlay of what the batch adds; each gets its own outcome.
-    pub fn apply_appends(&self, appends: &[&Append], marker: &[u8]) -> Result<Vec<Outcome>, StoreError> {
+    pub fn apply_appends(
+        &self,
+        appends: &[&Append],
+        marker: &[u8],
+    ) -> Result<Vec<Outcome>, StoreError> {
         let _writer = self
             .inner
             .writer

@@ -224,7 +224,7 @@ fn new_event(id: u64, tags: &[(u8, u8)]) -> NewEvent {
     NewEvent::validate(
         RawEvent {
             event_id: format!("id-{id}"),
-            event_type: if id % 3 == 0 { "A".into() } else { "B".into() },
+            event_type: if id.is_multiple_of(3) { "A".into() } else { "B".into() },
             data,
             metadata: String::new(),
         },
@@ -390,7 +390,9 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 remembered.push(latest);
             }
             Op::Flush => {
-                store.flush().map_err(|e| TestCaseError::fail(e.to_string()))?;
+                store
+                    .flush()
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
             Op::Latest { criteria } => {
                 let criteria: Vec<Criterion> = criteria

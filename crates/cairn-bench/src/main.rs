@@ -143,13 +143,16 @@ async fn main() -> anyhow::Result<()> {
     )
     .await
     .context("failed to seed the boundary")?;
+    eprintln!(
+        "boundary {} holds {} events; {} seeded contexts",
+        args.boundary, contexts.events, contexts.contexts
+    );
 
     let settings = runner::Settings {
         boundary: args.boundary.clone(),
         warmup: Duration::from_secs(args.warmup_secs),
         duration: Duration::from_secs(args.duration_secs),
         background_clients: args.background_clients,
-        seeded_events: contexts.events,
         seeded_contexts: contexts.contexts,
         hot_contexts: args.hot_contexts.max(1),
         progress: !args.quiet,

@@ -16,8 +16,7 @@ use tonic::{Code, Status};
 
 use crate::client::{ConnectOptions, Connection};
 use crate::scenario::{
-    EVENTS_PER_SEED_CONTEXT, Scenario, UNCONDITIONAL_READ_COUNT, context_criterion, event,
-    random_seed_context, seed_context,
+    READ_COUNT, Scenario, context_criterion, event, random_seed_context, seed_context,
 };
 
 /// Run-independent settings.
@@ -31,8 +30,6 @@ pub struct Settings {
     pub duration: Duration,
     /// Background readers (with-readers scenario).
     pub background_clients: usize,
-    /// Events in the boundary after seeding.
-    pub seeded_events: u64,
     /// Seeded contexts.
     pub seeded_contexts: u64,
     /// Contexts command-cycle picks from.
@@ -172,11 +169,11 @@ struct Client {
     conn: Connection,
     rng: StdRng,
     boundary: String,
-    seeded_events: u64,
     seeded_contexts: u64,
     hot_contexts: u64,
     nonce: u64,
     seq: u64,
+    read_cursor: Option<pb::Position>,
 }
 
 /// Outcome of one request: events written or read, and retries.
@@ -191,9 +188,8 @@ impl Client {
 
     async fn write(&mut self, n: usize, conditional: bool) -> Done {
         let context = self.fresh_context();
-        let events = (0..n)
-            .map(|i| event(&context, self.seq * 1000 + i as u64))
-            .collect();
+        let seq = self.seq;
+        let events = (0..n).map(|i| event(&context, i, seq)).collect();
         let consistency = if conditional {
             vec![pb::ConsistencyObservation {
                 query: Some(pb::Query {
@@ -228,7 +224,7 @@ impl Client {
                     criteria: vec![context_criterion(&context)],
                 }),
                 from_position: None,
-                count: (EVENTS_PER_SEED_CONTEXT * 10) as u32,
+                count: READ_COUNT,
                 direction: pb::Direction::Asc as i32,
                 boundary: self.boundary.clone(),
             })
@@ -238,29 +234,28 @@ impl Client {
         Ok((events.len() as u64, 0))
     }
 
+    /// Pages through the whole boundary from the start, 1,000 events at a time, wrapping
+    /// around at the end (each client keeps its own cursor).
     async fn read_unconditional(&mut self) -> Done {
-        let span = self
-            .seeded_events
-            .saturating_sub(u64::from(UNCONDITIONAL_READ_COUNT))
-            .max(1);
-        let p = self.rng.gen_range(0..span) as i64;
-        // A lower bound by position: (p+1, p) is at or before the event at prepare p.
         let events = self
             .conn
             .es
             .get_events(pb::GetEventsRequest {
                 query: None,
-                from_position: Some(pb::Position {
-                    commit_position: p + 1,
-                    prepare_position: p,
-                }),
-                count: UNCONDITIONAL_READ_COUNT,
+                from_position: self.read_cursor,
+                count: READ_COUNT,
                 direction: pb::Direction::Asc as i32,
                 boundary: self.boundary.clone(),
             })
             .await?
             .into_inner()
             .events;
+        // The next page starts just after the last event read: (commit, prepare + 1) lies
+        // between it and the event that follows.
+        self.read_cursor = events.last().and_then(|e| e.position).map(|p| pb::Position {
+            commit_position: p.commit_position,
+            prepare_position: p.prepare_position + 1,
+        });
         Ok((events.len() as u64, 0))
     }
 
@@ -306,7 +301,7 @@ impl Client {
                 .es
                 .save_events_v2(pb::SaveEventsV2Request {
                     boundary: self.boundary.clone(),
-                    events: vec![event(&context, self.seq)],
+                    events: vec![event(&context, 0, self.seq)],
                     consistency: vec![pb::ConsistencyObservation {
                         query: Some(pb::Query {
                             criteria: criteria.clone(),
@@ -399,11 +394,11 @@ async fn spawn_group(
             conn: conns[i % connections].clone(),
             rng: StdRng::from_entropy(),
             boundary: settings.boundary.clone(),
-            seeded_events: settings.seeded_events,
             seeded_contexts: settings.seeded_contexts,
             hot_contexts: settings.hot_contexts,
             nonce: rand::random(),
             seq: 0,
+            read_cursor: None,
         };
         handles.push(tokio::spawn(client_loop(
             client,

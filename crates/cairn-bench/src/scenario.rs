@@ -82,17 +82,20 @@ impl Scenario {
 
 /// Events per seeded context (orisun-bench: `seed-<i % 100000>`, 10 each for 1M events).
 pub const EVENTS_PER_SEED_CONTEXT: u64 = 10;
-/// Events read by read-unconditional.
-pub const UNCONDITIONAL_READ_COUNT: u32 = 1_000;
+/// Page size of both read scenarios (orisun-bench's read batch).
+pub const READ_COUNT: u32 = 1_000;
 /// Target size of an event's data, in bytes.
 const EVENT_BYTES: usize = 256;
 
 /// The tag key every benchmark event carries.
 pub const CONTEXT_KEY: &str = "benchmark_context";
 
-/// A ~256-byte event in `context`.
-pub fn event(context: &str, seq: u64) -> pb::EventToSave {
-    let head = format!(r#"{{"{CONTEXT_KEY}":"{context}","seq":{seq},"payload":""#);
+/// A ~256-byte event in `context`, shaped like orisun-bench's: context, index within the
+/// request, a global sequence number, padding.
+pub fn event(context: &str, index: usize, seq: u64) -> pb::EventToSave {
+    let head = format!(
+        r#"{{"{CONTEXT_KEY}":"{context}","event_index":{index},"sequence":{seq},"payload":""#
+    );
     let pad = EVENT_BYTES.saturating_sub(head.len() + 2);
     pb::EventToSave {
         event_id: uuid::Uuid::now_v7().to_string(),
@@ -128,7 +131,7 @@ mod tests {
 
     #[test]
     fn events_are_about_256_bytes_of_json() {
-        let e = event("seed-99999", 123_456);
+        let e = event("seed-99999", 3, 123_456);
         assert!((250..=270).contains(&e.data.len()), "{}", e.data.len());
         let v: serde_json::Value = serde_json::from_str(&e.data).expect("json");
         assert_eq!(v[CONTEXT_KEY], "seed-99999");

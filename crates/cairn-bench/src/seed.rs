@@ -88,7 +88,7 @@ pub async fn ensure(
         tasks.push(tokio::spawn(async move {
             for (from, to) in part {
                 let events = (from..to)
-                    .map(|i| event(&seed_context(i % contexts), i))
+                    .map(|i| event(&seed_context(i % contexts), (i - from) as usize, i))
                     .collect();
                 conn.es
                     .save_events_v2(pb::SaveEventsV2Request {

@@ -43,6 +43,7 @@ echo "== cairn serve on $data"
 "$cairn" serve --data-dir "$data" --listen 127.0.0.1:15005 --http-listen 127.0.0.1:19464 \
   --log warn >"$out/server.log" 2>&1 &
 server=$!
+for _ in $(seq 600); do curl -sf http://127.0.0.1:19464/readyz >/dev/null && break; sleep 0.1; done
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; [ -n "${KEEP_DATA:-}" ] || rm -rf "$data"' EXIT
 
 args=(--endpoints http://127.0.0.1:15005 --seed-events "$seed" --clients "$clients"

@@ -60,6 +60,8 @@ impl Auth {
 
 type Svc = InterceptedService<Channel, Auth>;
 
+/// How long to keep trying to reach an endpoint that refuses connections.
+const CONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long to wait for a node that reports it is still starting.
 const STARTUP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
@@ -82,9 +84,17 @@ async fn channel(options: &ConnectOptions, endpoint: &str) -> anyhow::Result<Cha
     } else if endpoint.starts_with("https://") {
         ep = ep.tls_config(ClientTlsConfig::new().with_native_roots())?;
     }
-    ep.connect()
-        .await
-        .with_context(|| format!("failed to connect to {endpoint}"))
+    // A server that was just started may not listen yet: retry briefly.
+    let deadline = std::time::Instant::now() + CONNECT_WAIT;
+    loop {
+        match ep.connect().await {
+            Ok(channel) => return Ok(channel),
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("failed to connect to {endpoint}")),
+        }
+    }
 }
 
 impl Connection {

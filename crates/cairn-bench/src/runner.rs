@@ -252,10 +252,13 @@ impl Client {
             .events;
         // The next page starts just after the last event read: (commit, prepare + 1) lies
         // between it and the event that follows.
-        self.read_cursor = events.last().and_then(|e| e.position).map(|p| pb::Position {
-            commit_position: p.commit_position,
-            prepare_position: p.prepare_position + 1,
-        });
+        self.read_cursor = events
+            .last()
+            .and_then(|e| e.position)
+            .map(|p| pb::Position {
+                commit_position: p.commit_position,
+                prepare_position: p.prepare_position + 1,
+            });
         Ok((events.len() as u64, 0))
     }
 

@@ -224,7 +224,11 @@ fn new_event(id: u64, tags: &[(u8, u8)]) -> NewEvent {
     NewEvent::validate(
         RawEvent {
             event_id: format!("id-{id}"),
-            event_type: if id.is_multiple_of(3) { "A".into() } else { "B".into() },
+            event_type: if id.is_multiple_of(3) {
+                "A".into()
+            } else {
+                "B".into()
+            },
             data,
             metadata: String::new(),
         },

@@ -160,3 +160,46 @@ async fn p4_readers_never_see_positions_go_backwards() {
             .all(|w| pair(&w[0].position) < pair(&w[1].position))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_truncate_the_log_and_a_restart_keeps_everything() {
+    let server = TestServer::start_with(|c| c.snapshot_every_entries = 50).await;
+    let mut c = server.client();
+    // The node keeps 1,000 entries behind its latest snapshot; write well past that.
+    for i in 0..1_300 {
+        c.save(
+            "default",
+            vec![event("T", &format!(r#"{{"i":{i}}}"#))],
+            vec![],
+        )
+        .await
+        .expect("write");
+    }
+    let raft = server.server().node().raft.raft().clone();
+    let mut metrics = raft.metrics();
+    let purged = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        metrics.wait_for(|m| m.snapshot.is_some() && m.purged.is_some()),
+    )
+    .await
+    .expect("a snapshot is built and the log purged")
+    .expect("metrics")
+    .purged
+    .expect("purged");
+    assert!(purged.index > 0);
+    let before = c.read_all("default").await;
+    let dir = server.stop().await;
+
+    let server = TestServer::start_in(dir, |c| c.snapshot_every_entries = 50).await;
+    let mut c = server.client();
+    assert_eq!(
+        c.read_all("default").await,
+        before,
+        "state survives log truncation"
+    );
+    let next = c
+        .save("default", vec![event("T", "{}")], vec![])
+        .await
+        .expect("write");
+    assert_eq!(pair(&next.log_position), (1_301, 1_300));
+}

@@ -311,3 +311,15 @@ pub fn pair(p: &Option<pb::Position>) -> (i64, i64) {
     let p = p.as_ref().expect("position present");
     (p.commit_position, p.prepare_position)
 }
+
+/// `GET path` over plain HTTP/1.1; returns the whole response (status line, headers, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
+}

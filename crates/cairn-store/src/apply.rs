@@ -21,11 +21,7 @@ impl Store {
     /// The returned [`Outcome`] is the deterministic domain result (e.g. a CCC conflict);
     /// `Err` means storage failed and the node must stop applying.
     pub fn apply(&self, command: &Command, marker: &[u8]) -> Result<Outcome, StoreError> {
-        let _writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _writer = self.lock_writer();
         let mut batch = WriteBatch::default();
         let (outcome, update) = match self.plan(command, &mut batch) {
             Ok(planned) => planned,
@@ -45,11 +41,7 @@ impl Store {
 
     /// Records `marker` for an entry that carries no command (blank, membership).
     pub fn apply_marker(&self, marker: &[u8]) -> Result<(), StoreError> {
-        let _writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _writer = self.lock_writer();
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_SM_META)?, meta::APPLIED, marker);
         self.write(batch)?;
@@ -329,11 +321,7 @@ impl Store {
         appends: &[&Append],
         marker: &[u8],
     ) -> Result<Vec<Outcome>, StoreError> {
-        let _writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _writer = self.lock_writer();
         let mut batch = WriteBatch::default();
         let mut pending = Pending::default();
         let mut outcomes = Vec::with_capacity(appends.len());

@@ -23,11 +23,7 @@ impl Store {
     /// returns the applied marker it corresponds to. Holds the writer lock so that no entry
     /// is applied between the marker and the checkpoint.
     pub fn create_checkpoint(&self, dir: &Path) -> Result<Option<Vec<u8>>, StoreError> {
-        let _writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _writer = self.lock_writer();
         let marker = self.with_catalog(|c| c.applied_marker.clone());
         Checkpoint::new(&self.inner.db)?.create_checkpoint(dir)?;
         Ok(marker)
@@ -36,11 +32,7 @@ impl Store {
     /// Replaces the state machine with the one in checkpoint `dir`, then reloads the
     /// catalog. The Raft log column families are left alone.
     pub fn install_checkpoint(&self, dir: &Path) -> Result<(), StoreError> {
-        let _writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _writer = self.lock_writer();
         let source = DB::open_cf_for_read_only(&Options::default(), dir, ALL_CFS, false)?;
         let db = &self.inner.db;
         for name in STATE_MACHINE_CFS {

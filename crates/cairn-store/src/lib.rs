@@ -253,6 +253,14 @@ impl Store {
             .ok_or(StoreError::MissingColumnFamily(name))
     }
 
+    /// Takes the writer lock: apply, snapshot creation and installation never interleave.
+    pub(crate) fn lock_writer(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Runs `f` with read access to the catalog.
     pub fn with_catalog<T>(&self, f: impl FnOnce(&Catalog) -> T) -> T {
         let guard = self

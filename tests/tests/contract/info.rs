@@ -125,22 +125,7 @@ async fn health_is_not_serving_until_the_node_can_serve() {
 #[tokio::test]
 async fn http_probes_and_metrics() {
     let server = TestServer::start().await;
-    let get = |path: &str| {
-        let addr = server.http_addr;
-        let path = path.to_string();
-        async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            s.write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-            )
-            .await
-            .expect("write");
-            let mut out = String::new();
-            s.read_to_string(&mut out).await.expect("read");
-            out
-        }
-    };
+    let get = |path: &'static str| http_get(server.http_addr, path);
     assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
     assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
     let mut c = server.client();

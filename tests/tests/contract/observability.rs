@@ -15,15 +15,11 @@ fn prometheus_tool() -> PathBuf {
     }
 }
 
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+/// The body of `GET path`.
+async fn http_body(addr: std::net::SocketAddr, path: &str) -> String {
+    http_get(addr, path)
         .await
-        .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    out.split_once("\r\n\r\n")
+        .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_string())
         .unwrap_or_default()
 }
@@ -171,7 +167,7 @@ async fn promtool_finds_nothing_to_report_in_the_exposition() {
     .await
     .expect_err("conflict");
     let _ = c.es.ping(cairn_tests::orisun::PingRequest {}).await;
-    let exposition = http_get(server.http_addr, "/metrics").await;
+    let exposition = http_body(server.http_addr, "/metrics").await;
     assert!(exposition.contains("cairn_events_committed_total"));
     let mut child = Command::new(prometheus_tool())
         .args(["promtool", "check", "metrics"])

@@ -9,10 +9,17 @@ set -euo pipefail
 missing=()
 have_libclang() {
   [ -n "${LIBCLANG_PATH:-}" ] && return 0
-  compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null && return 0
-  compgen -G "/usr/lib/*/libclang*.so*" >/dev/null && return 0
-  compgen -G "/usr/lib64/libclang*.so*" >/dev/null && return 0
-  compgen -G "/opt/homebrew/opt/llvm/lib/libclang*" >/dev/null && return 0
+  if command -v dpkg-query >/dev/null 2>&1; then
+    # Debian/Ubuntu: bindgen needs the library *and* clang's builtin headers, which come
+    # with libclang-dev. (libclang-cpp, often preinstalled, is a different library.)
+    dpkg-query -W -f='${Status}\n' libclang-dev 2>/dev/null | grep -q "install ok installed"
+    return
+  fi
+  local lib
+  for lib in /usr/lib/llvm-*/lib/libclang.so* /usr/lib64/libclang.so* /usr/lib/libclang.so* \
+    /usr/lib/*/libclang.so* /usr/lib/*/libclang-[0-9]*.so* /opt/homebrew/opt/llvm/lib/libclang.dylib; do
+    [ -e "$lib" ] && return 0
+  done
   [ "$(uname -s)" = "Darwin" ] && xcrun --find clang >/dev/null 2>&1 && return 0
   return 1
 }

@@ -44,6 +44,8 @@ pub struct NodeOptions {
     pub lock_wait: Duration,
     /// Receives apply and snapshot events (metrics).
     pub observer: Arc<dyn RaftObserver>,
+    /// Batch entries the proposer keeps in flight (≥ 1).
+    pub max_inflight_batches: usize,
 }
 
 impl std::fmt::Debug for NodeOptions {
@@ -54,6 +56,7 @@ impl std::fmt::Debug for NodeOptions {
             .field("advertise_addr", &self.advertise_addr)
             .field("snapshot_every_entries", &self.snapshot_every_entries)
             .field("lock_wait", &self.lock_wait)
+            .field("max_inflight_batches", &self.max_inflight_batches)
             .finish_non_exhaustive()
     }
 }
@@ -129,9 +132,11 @@ async fn open_store(opts: &NodeOptions) -> Result<Store, RaftError> {
 pub const MAX_BATCH_COMMANDS: usize = 1024;
 /// Largest approximate size of the commands folded into one Raft entry.
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
-/// Batch entries proposed and not yet applied; while they are, new commands accumulate
-/// into the next batch.
-const MAX_IN_FLIGHT_BATCHES: usize = 2;
+/// Default number of batch entries proposed and not yet applied. While they are, new
+/// commands accumulate into the next batch. One gives the largest batches: measured on two
+/// cores it beats two or more for small writes (docs/benchmarks.md), because every entry
+/// has a fixed cost in openraft and the state machine.
+pub const DEFAULT_MAX_INFLIGHT_BATCHES: usize = 1;
 /// Commands waiting for the proposer before writers are made to wait.
 const PROPOSER_QUEUE: usize = 16 * 1024;
 
@@ -200,8 +205,12 @@ fn distribute(
 /// earlier batches are in flight are folded into one `Command::Batch` entry, so a burst of
 /// concurrent writes costs one log append, one fsync and one apply pass (group commit).
 /// openraft 0.9 runs its engine once per client write, so batching must happen here.
-async fn run_proposer(raft: Raft, mut queue: mpsc::Receiver<(Command, Reply)>) {
-    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BATCHES));
+async fn run_proposer(
+    raft: Raft,
+    mut queue: mpsc::Receiver<(Command, Reply)>,
+    max_inflight: usize,
+) {
+    let in_flight = Arc::new(Semaphore::new(max_inflight.max(1)));
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
@@ -322,7 +331,11 @@ impl RaftNode {
             );
         }
         let (proposer, queue) = mpsc::channel(PROPOSER_QUEUE);
-        let proposer_task = Arc::new(tokio::spawn(run_proposer(raft.clone(), queue)));
+        let proposer_task = Arc::new(tokio::spawn(run_proposer(
+            raft.clone(),
+            queue,
+            opts.max_inflight_batches,
+        )));
         let node = RaftNode {
             raft,
             store,

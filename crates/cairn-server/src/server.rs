@@ -302,6 +302,7 @@ pub async fn start_on(
             },
             lock_wait: config.lock_wait,
             observer: metrics.clone(),
+            max_inflight_batches: config.max_inflight_batches,
         })
         .await?;
         let node = Arc::new(NodeState {

@@ -1,5 +1,10 @@
 //! `cairn`: run a Cairn node.
 
+// glibc malloc showed up at ~12% of server CPU in the write-path profile (fragmented
+// small allocations across worker threads); mimalloc's per-thread heaps cut that.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::Context;
 use cairn_server::config::{Cli, Command, LogFormat};
 use clap::Parser;

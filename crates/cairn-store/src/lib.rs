@@ -4,7 +4,10 @@
 //! machine (written here), in separate column families (see `shared/spec/architecture.md`).
 //! [`Store::apply`] is the deterministic step every replica runs in log order: the CCC check
 //! and the append land in one `WriteBatch` together with the applied-state marker, so a crash
-//! leaves either all of an entry's effects or none. Reads come from RocksDB snapshots and
+//! leaves either all of an entry's effects or none. State-machine batches bypass the WAL: the
+//! Raft log (which is in the WAL and fsynced) is the durable record, memtable flushes are
+//! atomic across column families, and after a crash openraft re-applies the log entries
+//! after the last flushed marker. Reads come from RocksDB snapshots and
 //! answer every criterion from the tag index (X2), never by scanning the event log.
 //!
 //! All methods block on disk I/O: async callers run them under `spawn_blocking`.
@@ -173,6 +176,11 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
     db_opts.increase_parallelism(2);
     db_opts.set_max_background_jobs(2);
     db_opts.set_keep_log_file_num(5);
+    // State-machine writes skip the WAL (see `Store::write`): only the Raft log needs it.
+    // Atomic flush makes every memtable flush a consistent cut across column families, so
+    // what survives a crash is always "everything up to some applied marker", never events
+    // without their marker or a marker without its events.
+    db_opts.set_atomic_flush(true);
 
     let cache = Cache::new_lru_cache(opts.block_cache_bytes);
     let cfs = ALL_CFS
@@ -306,11 +314,17 @@ impl Store {
         totals
     }
 
-    /// Flushes every memtable to SST files (so reads go through the on-disk filters).
+    /// Flushes every memtable to SST files, atomically across column families (the
+    /// state machine is not in the WAL, so a per-family flush could persist events without
+    /// their applied marker).
     pub fn flush(&self) -> Result<(), StoreError> {
-        for name in ALL_CFS {
-            self.inner.db.flush_cf(self.cf(name)?)?;
-        }
+        let cfs = ALL_CFS
+            .iter()
+            .map(|name| self.cf(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.inner
+            .db
+            .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?;
         Ok(())
     }
 

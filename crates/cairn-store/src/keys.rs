@@ -3,6 +3,7 @@
 
 use cairn_core::Position;
 use cairn_core::event::StoredEvent;
+use sha2::{Digest, Sha256};
 
 use crate::StoreError;
 
@@ -28,15 +29,36 @@ pub fn prepare_of_event_key(key: &[u8]) -> Result<u64, StoreError> {
     Ok(u64::from_be_bytes(tail))
 }
 
-/// `tags` posting-list prefix: boundary id · len+key · len+value. Every row under it ends
-/// with the prepare position of a matching event.
+/// Tag keys and values longer than this are indexed by their SHA-256 digest: a posting-list
+/// key then stays short however large the payload field, which keeps memtable inserts,
+/// comparisons, flushes and compactions cheap (a 200-byte string field would otherwise be
+/// copied into every one of its rows). Matching stays exact up to a SHA-256 collision.
+pub const MAX_VERBATIM_TAG_BYTES: usize = 64;
+/// Length field that marks a digest instead of verbatim bytes. Verbatim lengths are at most
+/// `MAX_VERBATIM_TAG_BYTES`, so the two encodings never coincide.
+const DIGEST_MARKER: u32 = u32::MAX;
+/// Bytes of a SHA-256 digest.
+const DIGEST_BYTES: usize = 32;
+
+fn push_tag_part(k: &mut Vec<u8>, part: &str) {
+    if part.len() > MAX_VERBATIM_TAG_BYTES {
+        k.extend_from_slice(&DIGEST_MARKER.to_be_bytes());
+        k.extend_from_slice(&Sha256::digest(part.as_bytes()));
+    } else {
+        k.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        k.extend_from_slice(part.as_bytes());
+    }
+}
+
+/// `tags` posting-list prefix: boundary id · len+key · len+value (long parts as digests, see
+/// [`MAX_VERBATIM_TAG_BYTES`]). Every row under it ends with the prepare position of a
+/// matching event.
 pub fn tag_prefix(bid: u32, key: &str, value: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(4 + 4 + key.len() + 4 + value.len() + 8);
+    let part = |s: &str| 4 + s.len().min(DIGEST_BYTES.max(MAX_VERBATIM_TAG_BYTES));
+    let mut k = Vec::with_capacity(4 + part(key) + part(value) + 8);
     k.extend_from_slice(&bid.to_be_bytes());
-    k.extend_from_slice(&(key.len() as u32).to_be_bytes());
-    k.extend_from_slice(key.as_bytes());
-    k.extend_from_slice(&(value.len() as u32).to_be_bytes());
-    k.extend_from_slice(value.as_bytes());
+    push_tag_part(&mut k, key);
+    push_tag_part(&mut k, value);
     k
 }
 
@@ -189,5 +211,23 @@ mod tests {
     fn tag_prefixes_do_not_collide() {
         // Length prefixes keep ("ab","c") and ("a","bc") apart.
         assert_ne!(tag_prefix(1, "ab", "c"), tag_prefix(1, "a", "bc"));
+    }
+
+    #[test]
+    fn long_tag_parts_are_digested_and_stay_distinct() {
+        let long_a = "x".repeat(MAX_VERBATIM_TAG_BYTES + 1);
+        let long_b = format!("{}y", "x".repeat(MAX_VERBATIM_TAG_BYTES));
+        let at_limit = "x".repeat(MAX_VERBATIM_TAG_BYTES);
+        let digested = tag_prefix(1, "payload", &long_a);
+        assert_eq!(digested.len(), 4 + 4 + 7 + 4 + DIGEST_BYTES);
+        assert_ne!(digested, tag_prefix(1, "payload", &long_b));
+        assert_eq!(digested, tag_prefix(1, "payload", &long_a.clone()));
+        // At the limit the value is kept verbatim.
+        assert_eq!(
+            tag_prefix(1, "payload", &at_limit).len(),
+            4 + 4 + 7 + 4 + MAX_VERBATIM_TAG_BYTES
+        );
+        // Long keys are digested too, and key/value digests do not mix.
+        assert_ne!(tag_prefix(1, &long_a, "v"), tag_prefix(1, "v", &long_a));
     }
 }

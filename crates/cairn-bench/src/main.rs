@@ -35,7 +35,7 @@ mod defaults {
     pub const DURATION_SECS: u64 = 30;
     pub const BACKGROUND_CLIENTS: usize = 4;
     pub const HOT_CONTEXTS: u64 = 100;
-    pub const CONNECTIONS: usize = 0;
+    pub const CONNECTIONS: usize = 1;
 }
 
 /// Load generator for Orisun-compatible event stores (Cairn, Orisun).

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::json::{EVENT_TYPE_KEY, parse_object, scalars, to_text};
+use crate::json::{EVENT_TYPE_KEY, into_scalars, parse_object, to_text};
 use crate::limits::{MAX_EVENT_ID_BYTES, MAX_EVENT_TYPE_BYTES, MAX_EVENTS_PER_WRITE};
 use crate::{Error, Position, Tag};
 
@@ -69,14 +69,15 @@ impl NewEvent {
         // E3: the request's event_type overwrites an application key of the same name; the
         // returned data omits it, so it is simply not kept in the stored text.
         data.shift_remove(EVENT_TYPE_KEY);
-        let tags = scalars(&data, &raw.event_type)
+        let data_text = to_text(&data);
+        let tags = into_scalars(data, &raw.event_type)
             .into_iter()
             .map(|(key, value)| Tag { key, value })
             .collect();
         Ok(NewEvent {
             event_id: raw.event_id,
             event_type: raw.event_type,
-            data: to_text(&data),
+            data: data_text,
             metadata: to_text(&metadata),
             tags,
         })

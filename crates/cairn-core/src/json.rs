@@ -4,8 +4,6 @@
 //! text the client sent (`9007199254740993` does not become a float), and `preserve_order`,
 //! so an object keeps the client's key order.
 
-use std::collections::BTreeMap;
-
 use serde_json::{Map, Value};
 
 use crate::Error;
@@ -64,14 +62,21 @@ pub fn scalar_text(value: &Value) -> Option<String> {
     }
 }
 
-/// The tag set of an event: every top-level scalar of its data plus `eventType` (E3, X2).
-pub fn scalars(data: &Object, event_type: &str) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, String> = data
-        .iter()
-        .filter(|(k, _)| k.as_str() != EVENT_TYPE_KEY)
-        .filter_map(|(k, v)| scalar_text(v).map(|t| (k.clone(), t)))
+/// The tag set of an event, consuming its data: every top-level scalar plus `eventType`
+/// (E3, X2), sorted by key. Taking the object by value moves string values into their tags
+/// instead of copying payload text once more.
+pub fn into_scalars(data: Object, event_type: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = data
+        .into_iter()
+        .filter(|(k, _)| k != EVENT_TYPE_KEY)
+        .filter_map(|(k, v)| match v {
+            Value::String(s) => Some((k, s)),
+            other => scalar_text(&other).map(|t| (k, t)),
+        })
         .collect();
-    out.insert(EVENT_TYPE_KEY.to_string(), event_type.to_string());
+    out.push((EVENT_TYPE_KEY.to_string(), event_type.to_string()));
+    // Object keys are unique, so the order is total.
+    out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     out
 }
 
@@ -159,6 +164,8 @@ fn strip_leading_zeros(negative: bool, int_part: &str, frac_part: &str) -> Strin
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -217,7 +224,7 @@ mod tests {
         assert_eq!(to_text(&obj), text);
         // serde_json spells an exponent with its sign; the value (and its tag) is unchanged.
         let obj = parse_object(r#"{"big":9223372036854775807,"e":1e10}"#, &what).expect("valid");
-        let s = scalars(&obj, "T");
+        let s: BTreeMap<_, _> = into_scalars(obj, "T").into_iter().collect();
         assert_eq!(s["big"], "9223372036854775807");
         assert_eq!(s["e"], "10000000000");
         assert_eq!(s[EVENT_TYPE_KEY], "T");
@@ -230,7 +237,7 @@ mod tests {
             &|| "d".to_string(),
         )
         .expect("valid");
-        let s = scalars(&obj, "Real");
+        let s: BTreeMap<_, _> = into_scalars(obj, "Real").into_iter().collect();
         assert_eq!(s["s"], "42");
         assert_eq!(s["n"], "42");
         assert_eq!(s["b"], "true");

@@ -400,7 +400,7 @@ impl Store {
                 batch.put_cf(tags_cf, keys::with_prepare(&prefix, prepare), commit_bytes);
                 pending
                     .postings
-                    .entry((bid, tag.key.clone(), tag.value.clone()))
+                    .entry(prefix)
                     .or_default()
                     .push((prepare, commit));
             }
@@ -425,8 +425,9 @@ impl Store {
 struct Pending {
     /// Next prepare position per boundary.
     heads: HashMap<u32, u64>,
-    /// Pending (prepare, commit) per (boundary, key, value), ascending.
-    postings: HashMap<(u32, String, String), Vec<(u64, u64)>>,
+    /// Pending (prepare, commit) per posting list (keyed by its `tags` prefix, which names
+    /// boundary, key and value and is computed for the RocksDB row anyway), ascending.
+    postings: HashMap<Vec<u8>, Vec<(u64, u64)>>,
 }
 
 impl Pending {
@@ -447,7 +448,7 @@ impl Pending {
         let lists = criterion
             .tags
             .iter()
-            .map(|t| self.postings.get(&(bid, t.key.clone(), t.value.clone())))
+            .map(|t| self.postings.get(&keys::tag_prefix(bid, &t.key, &t.value)))
             .collect::<Option<Vec<_>>>()?;
         let shortest = lists.iter().min_by_key(|l| l.len())?;
         shortest.iter().rev().copied().find(|(prepare, _)| {

@@ -142,3 +142,49 @@ async fn q4_empty_keys_and_nul_are_invalid() {
     }
     assert!(c.read_all("default").await.is_empty());
 }
+
+#[tokio::test]
+async fn long_values_and_keys_match_exactly() {
+    // Parts over 64 bytes are indexed by digest: matching must stay exact, including for
+    // values that share a long prefix and for a CCC check on such a value.
+    let server = TestServer::start().await;
+    let mut c = server.client();
+    let long_a = "x".repeat(200);
+    let long_b = format!("{}y", "x".repeat(199));
+    let at_limit = "z".repeat(64);
+    let long_key = "k".repeat(100);
+    for d in [
+        format!(r#"{{"v":"{long_a}"}}"#),
+        format!(r#"{{"v":"{long_b}"}}"#),
+        format!(r#"{{"v":"{at_limit}"}}"#),
+        format!(r#"{{"{long_key}":"{long_a}"}}"#),
+    ] {
+        c.save("default", vec![event("T", &d)], vec![])
+            .await
+            .expect("write");
+    }
+    let m = |k: &str, v: &str| query(vec![criterion(&[(k, v)])]);
+    assert_eq!(matching(&mut c, m("v", &long_a)).await, vec![0]);
+    assert_eq!(matching(&mut c, m("v", &long_b)).await, vec![1]);
+    assert_eq!(matching(&mut c, m("v", &at_limit)).await, vec![2]);
+    assert_eq!(matching(&mut c, m(&long_key, &long_a)).await, vec![3]);
+    assert!(matching(&mut c, m("v", &"x".repeat(201))).await.is_empty());
+    assert!(matching(&mut c, m(&long_key, &long_b)).await.is_empty());
+
+    // The CCC check sees the long value's posting list: a stale observation conflicts.
+    let stale = c
+        .save(
+            "default",
+            vec![event("T", r#"{"n":1}"#)],
+            vec![observe(
+                m("v", &long_a),
+                pb::Position {
+                    commit_position: -1,
+                    prepare_position: -1,
+                },
+            )],
+        )
+        .await
+        .expect_err("the long value already has an event");
+    assert_eq!(stale.code(), Code::AlreadyExists);
+}

@@ -71,6 +71,7 @@ impl Store {
             Command::Append(append) => {
                 let mut pending = Pending::default();
                 let outcome = self.plan_append(append, batch, &mut pending)?;
+                pending.write_tags(batch, self.cf(CF_TAGS)?);
                 Ok((outcome, Some(pending.into_update())))
             }
             Command::CreateBoundary {
@@ -335,6 +336,7 @@ impl Store {
                 Err(Planned::Storage(e)) => return Err(e),
             }
         }
+        pending.write_tags(&mut batch, self.cf(CF_TAGS)?);
         batch.put_cf(self.cf(CF_SM_META)?, meta::APPLIED, marker);
         self.write(batch)?;
         let update = pending.into_update();
@@ -379,7 +381,6 @@ impl Store {
         let n = append.events.len() as u64;
         let commit = first + n;
         let events_cf = self.cf(CF_EVENTS)?;
-        let tags_cf = self.cf(CF_TAGS)?;
         let commit_bytes = commit.to_be_bytes();
         for (i, event) in append.events.iter().enumerate() {
             let prepare = first + i as u64;
@@ -397,7 +398,9 @@ impl Store {
             );
             for tag in &event.tags {
                 let prefix = keys::tag_prefix(bid, &tag.key, &tag.value);
-                batch.put_cf(tags_cf, keys::with_prepare(&prefix, prepare), commit_bytes);
+                pending
+                    .tag_rows
+                    .push((keys::with_prepare(&prefix, prepare), commit_bytes));
                 pending
                     .postings
                     .entry(prefix)
@@ -425,6 +428,8 @@ impl Store {
 struct Pending {
     /// Next prepare position per boundary.
     heads: HashMap<u32, u64>,
+    /// Posting-list rows to write, added to the batch in key order by [`Pending::write_tags`].
+    tag_rows: Vec<(Vec<u8>, [u8; 8])>,
     /// Pending (prepare, commit) per posting list (keyed by its `tags` prefix, which names
     /// boundary, key and value and is computed for the RocksDB row anyway), ascending.
     postings: HashMap<Vec<u8>, Vec<(u64, u64)>>,
@@ -456,6 +461,18 @@ impl Pending {
                 .iter()
                 .all(|l| l.binary_search_by_key(prepare, |(p, _)| *p).is_ok())
         })
+    }
+
+    /// Adds the posting-list rows to `batch` sorted by key. RocksDB's skiplist memtable
+    /// reuses the previous insert's search path, so sorted rows (many share a list, e.g.
+    /// every event's `eventType`) are inserted far more cheaply than in event order, where
+    /// each row starts a fresh search in a memtable of hundreds of thousands of rows. Keys are
+    /// unique, so the order changes nothing else.
+    fn write_tags(&mut self, batch: &mut WriteBatch, tags_cf: &rocksdb::ColumnFamily) {
+        self.tag_rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (key, commit) in self.tag_rows.drain(..) {
+            batch.put_cf(tags_cf, key, commit);
+        }
     }
 
     fn into_update(self) -> CatalogUpdate {

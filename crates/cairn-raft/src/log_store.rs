@@ -9,9 +9,10 @@
 //! That is group commit: under load one fsync covers many writes, and the Raft core is
 //! never blocked on the disk.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, RaftLogReader, StorageIOError, Vote};
@@ -25,11 +26,67 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 
-/// The Raft log store. Cheap to clone: clones share the database and the syncer.
+/// Upper bound of the encoded bytes of appended entries kept in memory until read back.
+const UNREAD_BYTES_LIMIT: usize = 64 * 1024 * 1024;
+
+/// Appended entries nobody has read yet. openraft reads every committed entry back to apply
+/// it; handing over the entry that `append` received saves decoding it again (a copy and an
+/// allocation per string of every event). The first reader takes an entry; any later read
+/// of it comes from RocksDB, which always holds the same bytes.
+#[derive(Default)]
+struct Unread {
+    entries: BTreeMap<u64, (Entry<TypeConfig>, usize)>,
+    bytes: usize,
+}
+
+impl Unread {
+    fn insert(&mut self, entry: Entry<TypeConfig>, bytes: usize) {
+        if let Some((_, old)) = self.entries.insert(entry.log_id.index, (entry, bytes)) {
+            self.bytes -= old;
+        }
+        self.bytes += bytes;
+        while self.bytes > UNREAD_BYTES_LIMIT {
+            let Some((_, (_, dropped))) = self.entries.pop_first() else {
+                break;
+            };
+            self.bytes -= dropped;
+        }
+    }
+
+    /// Takes `[start, end)` if every entry of it is here.
+    fn take(&mut self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+        if end <= start || self.entries.range(start..end).count() as u64 != end - start {
+            return None;
+        }
+        let taken = (start..end)
+            .filter_map(|i| self.entries.remove(&i))
+            .map(|(entry, bytes)| {
+                self.bytes -= bytes;
+                entry
+            })
+            .collect();
+        Some(taken)
+    }
+
+    /// Forgets entries at or after `index` (truncation) or up to `index` (purge).
+    fn forget(&mut self, index: u64, from_index_on: bool) {
+        let dropped = if from_index_on {
+            self.entries.split_off(&index)
+        } else {
+            let kept = self.entries.split_off(&index.saturating_add(1));
+            std::mem::replace(&mut self.entries, kept)
+        };
+        self.bytes -= dropped.values().map(|(_, b)| b).sum::<usize>();
+    }
+}
+
+/// The Raft log store. Cheap to clone: clones share the database, the syncer and the
+/// unread entries.
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
     syncer: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+    unread: Arc<Mutex<Unread>>,
 }
 
 /// The syncer thread: waits for appended-but-unsynced entries, fsyncs the WAL once for all of
@@ -97,7 +154,15 @@ impl LogStore {
         std::thread::Builder::new()
             .name("cairn-log-sync".to_string())
             .spawn(move || run_syncer(thread_db, pending))?;
-        Ok(LogStore { db, syncer })
+        Ok(LogStore {
+            db,
+            syncer,
+            unread: Arc::default(),
+        })
+    }
+
+    fn unread(&self) -> std::sync::MutexGuard<'_, Unread> {
+        self.unread.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn synced() -> WriteOptions {
@@ -200,6 +265,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&e) => Some(e),
             Bound::Unbounded => None,
         };
+        if let Some(end) = end
+            && let Some(entries) = self.unread().take(start, end)
+        {
+            return Ok(entries);
+        }
         let this = self.clone();
         blocking(move || this.read_range(start, end)).await
     }
@@ -270,9 +340,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .cf_handle(CF_RAFT_LOG)
             .ok_or_else(|| write_err(missing_cf(CF_RAFT_LOG)))?;
         let mut batch = WriteBatch::default();
+        let mut appended = Vec::new();
         for entry in entries {
             let bytes = encode(&entry).map_err(|e| write_err(&e))?;
+            let len = bytes.len();
             batch.put_cf(cf, index_key(entry.log_id.index), bytes);
+            appended.push((entry, len));
         }
         // Not synced here: the write only reaches RocksDB's memtable and the WAL file's page
         // cache (microseconds), which makes the entries readable at once. Durability comes
@@ -280,6 +353,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut opts = WriteOptions::default();
         opts.set_sync(false);
         self.db.write_opt(batch, &opts).map_err(|e| write_err(&e))?;
+        {
+            let mut unread = self.unread();
+            for (entry, len) in appended {
+                unread.insert(entry, len);
+            }
+        }
         self.syncer
             .send(callback)
             .map_err(|_| write_err(AnyError::error("the raft log syncer has stopped")))?;
@@ -287,6 +366,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
+        self.unread().forget(log_id.index, true);
         let this = self.clone();
         blocking(move || {
             let cf = this
@@ -304,6 +384,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
+        self.unread().forget(log_id.index, false);
         let this = self.clone();
         blocking(move || {
             let log_cf = this
@@ -328,5 +409,62 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(|e| write_err(&e))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+
+    fn entry(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    fn indexes(entries: &[Entry<TypeConfig>]) -> Vec<u64> {
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    #[test]
+    fn unread_entries_are_taken_once_and_only_whole_ranges() {
+        let mut unread = Unread::default();
+        for i in 1..=5 {
+            unread.insert(entry(i), 10);
+        }
+        assert!(unread.take(0, 3).is_none(), "index 0 was never appended");
+        assert!(unread.take(3, 3).is_none(), "empty range");
+        assert_eq!(indexes(&unread.take(2, 4).expect("cached")), vec![2, 3]);
+        assert!(
+            unread.take(2, 4).is_none(),
+            "taken entries are read from disk"
+        );
+        assert!(unread.take(1, 3).is_none(), "a gap means disk");
+        assert_eq!(unread.bytes, 30);
+    }
+
+    #[test]
+    fn truncate_purge_and_the_byte_bound_forget_entries() {
+        let mut unread = Unread::default();
+        for i in 1..=6 {
+            unread.insert(entry(i), 10);
+        }
+        unread.forget(5, true); // truncate: 5 and 6 go
+        unread.forget(2, false); // purge: 1 and 2 go
+        assert_eq!(
+            unread.entries.keys().copied().collect::<Vec<_>>(),
+            vec![3, 4]
+        );
+        assert_eq!(unread.bytes, 20);
+        // Re-appending an index replaces it without double counting.
+        unread.insert(entry(4), 15);
+        assert_eq!(unread.bytes, 25);
+        // Over the bound the oldest entries are dropped (they stay readable from disk).
+        unread.insert(entry(5), UNREAD_BYTES_LIMIT);
+        assert_eq!(unread.entries.keys().copied().collect::<Vec<_>>(), vec![5]);
+        assert_eq!(unread.bytes, UNREAD_BYTES_LIMIT);
     }
 }

@@ -1,6 +1,6 @@
 //! Applying replicated commands: the deterministic heart of the store.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use cairn_core::boundary::{BoundaryInfo, BoundaryStatus};
 use cairn_core::command::{Append, Applied, Command, Outcome};
@@ -327,7 +327,10 @@ impl Store {
     ) -> Result<Vec<Outcome>, StoreError> {
         let _writer = self.lock_writer();
         let mut batch = WriteBatch::default();
-        let mut pending = Pending::default();
+        let mut pending = Pending {
+            observed: self.observed_prefixes(appends),
+            ..Pending::default()
+        };
         let mut outcomes = Vec::with_capacity(appends.len());
         for append in appends {
             match self.plan_append(append, &mut batch, &mut pending) {
@@ -345,6 +348,26 @@ impl Store {
             update(c);
         });
         Ok(outcomes)
+    }
+
+    /// The posting lists that appends of a run check after the first one: only those can
+    /// be looked up in the overlay, so only those are recorded there.
+    fn observed_prefixes(&self, appends: &[&Append]) -> HashSet<Vec<u8>> {
+        let mut observed = HashSet::new();
+        for append in appends.iter().skip(1) {
+            let Some(bid) = self.with_catalog(|c| c.boundaries.get(&append.boundary).map(|b| b.id))
+            else {
+                continue;
+            };
+            for obs in &append.observations {
+                for criterion in &obs.query.criteria {
+                    for tag in &criterion.tags {
+                        observed.insert(keys::tag_prefix(bid, &tag.key, &tag.value));
+                    }
+                }
+            }
+        }
+        observed
     }
 
     fn plan_append(
@@ -401,11 +424,13 @@ impl Store {
                 pending
                     .tag_rows
                     .push((keys::with_prepare(&prefix, prepare), commit_bytes));
-                pending
-                    .postings
-                    .entry(prefix)
-                    .or_default()
-                    .push((prepare, commit));
+                if pending.observed.contains(&prefix) {
+                    pending
+                        .postings
+                        .entry(prefix)
+                        .or_default()
+                        .push((prepare, commit));
+                }
             }
         }
         if !append.observations.is_empty() {
@@ -428,6 +453,9 @@ impl Store {
 struct Pending {
     /// Next prepare position per boundary.
     heads: HashMap<u32, u64>,
+    /// Posting lists some later append of the run observes (see
+    /// [`Store::observed_prefixes`]); postings of any other list are not kept.
+    observed: HashSet<Vec<u8>>,
     /// Posting-list rows to write, added to the batch in key order by [`Pending::write_tags`].
     tag_rows: Vec<(Vec<u8>, [u8; 8])>,
     /// Pending (prepare, commit) per posting list (keyed by its `tags` prefix, which names

@@ -58,6 +58,9 @@ pub const ALL_CFS: [&str; 7] = [
     CF_SM_META,
 ];
 
+/// L0 files that trigger a compaction of the posting lists (RocksDB's default is 4).
+pub const TAGS_L0_COMPACTION_TRIGGER: i32 = 8;
+
 /// Default block cache shared by all column families.
 pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 256 * 1024 * 1024;
 
@@ -213,6 +216,12 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
                 DBCompressionType::Lz4
             };
             cf_opts.set_compression_type(compression);
+            if *name == CF_TAGS {
+                // Posting lists have random keys, so every L0 compaction rewrites the
+                // overlapping data below it; merging more L0 files at once writes each row
+                // fewer times (wc-100 on a growing 1M boundary: +9%).
+                cf_opts.set_level_zero_file_num_compaction_trigger(TAGS_L0_COMPACTION_TRIGGER);
+            }
             ColumnFamilyDescriptor::new(*name, cf_opts)
         })
         .collect();

@@ -103,6 +103,8 @@ pub mod meta {
     pub const INDEX: &[u8] = b"idx/";
     /// Prefix of subscription leases, by boundary id and subscriber name.
     pub const LEASE: &[u8] = b"lse/";
+    /// On-disk format of the state machine ([`crate::STORE_FORMAT`]).
+    pub const FORMAT: &[u8] = b"format";
 
     /// `prefix` · `name`.
     pub fn named(prefix: &[u8], name: &str) -> Vec<u8> {

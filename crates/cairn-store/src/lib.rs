@@ -58,6 +58,11 @@ pub const ALL_CFS: [&str; 7] = [
     CF_SM_META,
 ];
 
+/// On-disk format of the state machine, recorded in `sm_meta` when a database is created and
+/// checked on every open. Bump it whenever a key or value changes meaning.
+/// 1: tag keys/values over 64 bytes are keyed by digest.
+pub const STORE_FORMAT: u32 = 1;
+
 /// L0 files that trigger a compaction of the posting lists (RocksDB's default is 4).
 pub const TAGS_L0_COMPACTION_TRIGGER: i32 = 8;
 
@@ -93,6 +98,18 @@ pub enum StoreError {
     /// A background task panicked or was cancelled.
     #[error("{0}")]
     Task(String),
+    /// The data directory holds another on-disk format than this build reads.
+    #[error(
+        "the data directory has storage format {found}, this build reads format {supported}: \
+         it was written by a different Cairn version (format 0 = a pre-release build without \
+         format markers); start the version that wrote it, or move the directory aside"
+    )]
+    IncompatibleFormat {
+        /// Format found on disk (0: none recorded although the directory holds state).
+        found: u32,
+        /// Format this build reads and writes.
+        supported: u32,
+    },
 }
 
 impl StoreError {
@@ -228,6 +245,36 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
     (db_opts, cfs)
 }
 
+/// Records [`STORE_FORMAT`] in a new database; refuses one written in another format, so a
+/// build never misreads keys it would encode differently.
+fn check_format(db: &DB) -> Result<(), StoreError> {
+    let meta_cf = db
+        .cf_handle(CF_SM_META)
+        .ok_or(StoreError::MissingColumnFamily(CF_SM_META))?;
+    let found = match db.get_cf(meta_cf, keys::meta::FORMAT)? {
+        Some(bytes) => catalog::decode_json::<u32>("format", &bytes)?,
+        None if db.get_cf(meta_cf, keys::meta::APPLIED)?.is_some() => 0,
+        None => {
+            let mut opts = rocksdb::WriteOptions::default();
+            opts.set_sync(true);
+            db.put_cf_opt(
+                meta_cf,
+                keys::meta::FORMAT,
+                catalog::encode_json(&STORE_FORMAT),
+                &opts,
+            )?;
+            STORE_FORMAT
+        }
+    };
+    if found != STORE_FORMAT {
+        return Err(StoreError::IncompatibleFormat {
+            found,
+            supported: STORE_FORMAT,
+        });
+    }
+    Ok(())
+}
+
 impl Store {
     /// Opens (or creates) the database under `path` and loads the catalog.
     pub fn open(path: impl AsRef<Path>, opts: &StoreOptions) -> Result<Store, StoreError> {
@@ -241,6 +288,7 @@ impl Store {
                 return Err(StoreError::MissingColumnFamily(name));
             }
         }
+        check_format(&db)?;
         let db = Arc::new(db);
         let catalog = Catalog::load(&db)?;
         Ok(Store {
@@ -341,5 +389,61 @@ impl Store {
     pub fn sync_wal(&self) -> Result<(), StoreError> {
         self.inner.db.flush_wal(true)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_format_is_recorded_on_create_and_checked_on_open() {
+        let dir = tempfile::tempdir().expect("dir");
+        let opts = StoreOptions::default();
+        let store = Store::open(dir.path(), &opts).expect("create");
+        drop(store);
+        // Reopening the same format works.
+        let store = Store::open(dir.path(), &opts).expect("reopen");
+        let cf = store.cf(CF_SM_META).expect("cf");
+        store
+            .db()
+            .put_cf(
+                cf,
+                keys::meta::FORMAT,
+                catalog::encode_json(&(STORE_FORMAT + 1)),
+            )
+            .expect("put");
+        store.flush().expect("flush");
+        drop(store);
+        let err = Store::open(dir.path(), &opts).expect_err("another format");
+        assert!(
+            matches!(err, StoreError::IncompatibleFormat { found, supported }
+                if found == STORE_FORMAT + 1 && supported == STORE_FORMAT),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn state_without_a_format_marker_is_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let opts = StoreOptions::default();
+        let store = Store::open(dir.path(), &opts).expect("create");
+        let cf = store.cf(CF_SM_META).expect("cf");
+        store
+            .db()
+            .put_cf(cf, keys::meta::APPLIED, b"x")
+            .expect("put");
+        store
+            .db()
+            .delete_cf(cf, keys::meta::FORMAT)
+            .expect("delete");
+        store.flush().expect("flush");
+        drop(store);
+        let err = Store::open(dir.path(), &opts).expect_err("pre-format state");
+        assert!(
+            matches!(err, StoreError::IncompatibleFormat { found: 0, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("format 0"), "{err}");
     }
 }

@@ -1,8 +1,8 @@
 //! `cairn-bench`: reproduces the orisun-bench scenarios (and Cairn's own) against any
 //! Orisun-compatible endpoint and writes the anchor CSV columns plus a JSON report.
 
-// glibc malloc showed up at ~12% of server CPU in the write-path profile (fragmented
-// small allocations across worker threads); mimalloc's per-thread heaps cut that.
+// The load generator shares the machine with the node under test, so its allocator costs
+// count too: glibc malloc was ~12% of the node's CPU on the write path, mimalloc cuts that.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -68,14 +68,20 @@ impl Unread {
         Some(taken)
     }
 
-    /// Forgets entries at or after `index` (truncation) or up to `index` (purge).
-    fn forget(&mut self, index: u64, from_index_on: bool) {
-        let dropped = if from_index_on {
-            self.entries.split_off(&index)
-        } else {
-            let kept = self.entries.split_off(&index.saturating_add(1));
-            std::mem::replace(&mut self.entries, kept)
-        };
+    /// Forgets entries at or after `index` (log truncation).
+    fn truncate(&mut self, index: u64) {
+        let dropped = self.entries.split_off(&index);
+        self.forget(&dropped);
+    }
+
+    /// Forgets entries up to and including `index` (log purge).
+    fn purge(&mut self, index: u64) {
+        let kept = self.entries.split_off(&index.saturating_add(1));
+        let dropped = std::mem::replace(&mut self.entries, kept);
+        self.forget(&dropped);
+    }
+
+    fn forget(&mut self, dropped: &BTreeMap<u64, (Entry<TypeConfig>, usize)>) {
         self.bytes -= dropped.values().map(|(_, b)| b).sum::<usize>();
     }
 }
@@ -366,7 +372,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
-        self.unread().forget(log_id.index, true);
+        self.unread().truncate(log_id.index);
         let this = self.clone();
         blocking(move || {
             let cf = this
@@ -384,7 +390,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
-        self.unread().forget(log_id.index, false);
+        self.unread().purge(log_id.index);
         let this = self.clone();
         blocking(move || {
             let log_cf = this
@@ -452,8 +458,8 @@ mod tests {
         for i in 1..=6 {
             unread.insert(entry(i), 10);
         }
-        unread.forget(5, true); // truncate: 5 and 6 go
-        unread.forget(2, false); // purge: 1 and 2 go
+        unread.truncate(5); // 5 and 6 go
+        unread.purge(2); // 1 and 2 go
         assert_eq!(
             unread.entries.keys().copied().collect::<Vec<_>>(),
             vec![3, 4]

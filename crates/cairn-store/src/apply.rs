@@ -420,17 +420,16 @@ impl Store {
                 ),
             );
             for tag in &event.tags {
-                let prefix = keys::tag_prefix(bid, &tag.key, &tag.value);
-                pending
-                    .tag_rows
-                    .push((keys::with_prepare(&prefix, prepare), commit_bytes));
-                if pending.observed.contains(&prefix) {
+                let mut row = keys::tag_prefix(bid, &tag.key, &tag.value);
+                if pending.observed.contains(&row) {
                     pending
                         .postings
-                        .entry(prefix)
+                        .entry(row.clone())
                         .or_default()
                         .push((prepare, commit));
                 }
+                keys::push_prepare(&mut row, prepare);
+                pending.tag_rows.push((row, commit_bytes));
             }
         }
         if !append.observations.is_empty() {

@@ -54,7 +54,14 @@ fn push_tag_part(k: &mut Vec<u8>, part: &str) {
 /// [`MAX_VERBATIM_TAG_BYTES`]). Every row under it ends with the prepare position of a
 /// matching event.
 pub fn tag_prefix(bid: u32, key: &str, value: &str) -> Vec<u8> {
-    let part = |s: &str| 4 + s.len().min(DIGEST_BYTES.max(MAX_VERBATIM_TAG_BYTES));
+    let part = |s: &str| {
+        4 + if s.len() > MAX_VERBATIM_TAG_BYTES {
+            DIGEST_BYTES
+        } else {
+            s.len()
+        }
+    };
+    // Room for the prepare position, so a row key can be completed in place.
     let mut k = Vec::with_capacity(4 + part(key) + part(value) + 8);
     k.extend_from_slice(&bid.to_be_bytes());
     push_tag_part(&mut k, key);
@@ -66,8 +73,13 @@ pub fn tag_prefix(bid: u32, key: &str, value: &str) -> Vec<u8> {
 pub fn with_prepare(prefix: &[u8], prepare: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + 8);
     k.extend_from_slice(prefix);
-    k.extend_from_slice(&prepare.to_be_bytes());
+    push_prepare(&mut k, prepare);
     k
+}
+
+/// Turns a posting-list prefix into the row key of `prepare`, in place.
+pub fn push_prepare(prefix: &mut Vec<u8>, prepare: u64) {
+    prefix.extend_from_slice(&prepare.to_be_bytes());
 }
 
 /// Prepare position at the end of a `tags` key.

@@ -404,7 +404,6 @@ impl Store {
         let n = append.events.len() as u64;
         let commit = first + n;
         let events_cf = self.cf(CF_EVENTS)?;
-        let commit_bytes = commit.to_be_bytes();
         for (i, event) in append.events.iter().enumerate() {
             let prepare = first + i as u64;
             batch.put_cf(
@@ -429,7 +428,7 @@ impl Store {
                         .push((prepare, commit));
                 }
                 keys::push_prepare(&mut row, prepare);
-                pending.tag_rows.push((row, commit_bytes));
+                pending.tag_rows.push((row, prepare, commit));
             }
         }
         if !append.observations.is_empty() {
@@ -456,7 +455,7 @@ struct Pending {
     /// [`Store::observed_prefixes`]); postings of any other list are not kept.
     observed: HashSet<Vec<u8>>,
     /// Posting-list rows to write, added to the batch in key order by [`Pending::write_tags`].
-    tag_rows: Vec<(Vec<u8>, [u8; 8])>,
+    tag_rows: Vec<(Vec<u8>, u64, u64)>,
     /// Pending (prepare, commit) per posting list (keyed by its `tags` prefix, which names
     /// boundary, key and value and is computed for the RocksDB row anyway), ascending.
     postings: HashMap<Vec<u8>, Vec<(u64, u64)>>,
@@ -497,8 +496,13 @@ impl Pending {
     /// unique, so the order changes nothing else.
     fn write_tags(&mut self, batch: &mut WriteBatch, tags_cf: &rocksdb::ColumnFamily) {
         self.tag_rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (key, commit) in self.tag_rows.drain(..) {
-            batch.put_cf(tags_cf, key, commit);
+        let mut value = [0; keys::MAX_VARINT_BYTES];
+        for (key, prepare, commit) in self.tag_rows.drain(..) {
+            batch.put_cf(
+                tags_cf,
+                key,
+                keys::encode_commit(prepare, commit, &mut value),
+            );
         }
     }
 

@@ -34,36 +34,68 @@ pub fn prepare_of_event_key(key: &[u8]) -> Result<u64, StoreError> {
 /// comparisons, flushes and compactions cheap (a 200-byte string field would otherwise be
 /// copied into every one of its rows). Matching stays exact up to a SHA-256 collision.
 pub const MAX_VERBATIM_TAG_BYTES: usize = 64;
-/// Length field that marks a digest instead of verbatim bytes. Verbatim lengths are at most
+/// Length byte that marks a digest instead of verbatim bytes. Verbatim lengths are at most
 /// `MAX_VERBATIM_TAG_BYTES`, so the two encodings never coincide.
-const DIGEST_MARKER: u32 = u32::MAX;
+const DIGEST_MARKER: u8 = u8::MAX;
 /// Bytes of a SHA-256 digest.
 const DIGEST_BYTES: usize = 32;
+/// Bytes of the prepare position that ends every posting-list row.
+pub const PREPARE_BYTES: usize = 8;
+/// Shortest posting-list prefix: a one-byte boundary id and two empty parts.
+pub const MIN_TAG_PREFIX_BYTES: usize = 3;
+
+/// Appends `n` as LEB128: 7 bits per byte, high bit set on all but the last. Prefix-free, so
+/// a varint followed by anything decodes unambiguously.
+fn push_varint(k: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        k.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    k.push(n as u8);
+}
+
+/// Reads a whole LEB128 value (nothing may follow it).
+fn read_varint(bytes: &[u8]) -> Option<u64> {
+    let mut n = 0u64;
+    for (i, b) in bytes.iter().enumerate() {
+        if i >= MAX_VARINT_BYTES {
+            return None;
+        }
+        n |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return (i + 1 == bytes.len()).then_some(n);
+        }
+    }
+    None
+}
 
 fn push_tag_part(k: &mut Vec<u8>, part: &str) {
     if part.len() > MAX_VERBATIM_TAG_BYTES {
-        k.extend_from_slice(&DIGEST_MARKER.to_be_bytes());
+        k.push(DIGEST_MARKER);
         k.extend_from_slice(&Sha256::digest(part.as_bytes()));
     } else {
-        k.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        k.push(part.len() as u8);
         k.extend_from_slice(part.as_bytes());
     }
 }
 
-/// `tags` posting-list prefix: boundary id · len+key · len+value (long parts as digests, see
-/// [`MAX_VERBATIM_TAG_BYTES`]). Every row under it ends with the prepare position of a
-/// matching event.
+/// `tags` posting-list prefix: varint boundary id · len+key · len+value, each length one
+/// byte (long parts as digests, see [`MAX_VERBATIM_TAG_BYTES`]). Every row under it ends with
+/// the prepare position of a matching event. Posting lists are most of what the store
+/// writes, flushes and compacts (five or more rows per event), so every byte of a row key
+/// counts: this encoding is prefix-free (no list's prefix starts another list's row) with a
+/// third less overhead than fixed-width lengths.
 pub fn tag_prefix(bid: u32, key: &str, value: &str) -> Vec<u8> {
     let part = |s: &str| {
-        4 + if s.len() > MAX_VERBATIM_TAG_BYTES {
+        1 + if s.len() > MAX_VERBATIM_TAG_BYTES {
             DIGEST_BYTES
         } else {
             s.len()
         }
     };
     // Room for the prepare position, so a row key can be completed in place.
-    let mut k = Vec::with_capacity(4 + part(key) + part(value) + 8);
-    k.extend_from_slice(&bid.to_be_bytes());
+    let mut k = Vec::with_capacity(5 + part(key) + part(value) + PREPARE_BYTES);
+    push_varint(&mut k, u64::from(bid));
     push_tag_part(&mut k, key);
     push_tag_part(&mut k, value);
     k
@@ -71,7 +103,7 @@ pub fn tag_prefix(bid: u32, key: &str, value: &str) -> Vec<u8> {
 
 /// Appends a prepare position to a posting-list prefix.
 pub fn with_prepare(prefix: &[u8], prepare: u64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(prefix.len() + 8);
+    let mut k = Vec::with_capacity(prefix.len() + PREPARE_BYTES);
     k.extend_from_slice(prefix);
     push_prepare(&mut k, prepare);
     k
@@ -85,11 +117,36 @@ pub fn push_prepare(prefix: &mut Vec<u8>, prepare: u64) {
 /// Prepare position at the end of a `tags` key.
 pub fn prepare_suffix(key: &[u8]) -> Result<u64, StoreError> {
     let n = key.len();
-    let tail: [u8; 8] = key
-        .get(n.saturating_sub(8)..)
+    let tail: [u8; PREPARE_BYTES] = key
+        .get(n.saturating_sub(PREPARE_BYTES)..)
         .and_then(|s| s.try_into().ok())
         .ok_or_else(|| StoreError::corrupt("tags", "key shorter than 8 bytes"))?;
     Ok(u64::from_be_bytes(tail))
+}
+
+/// Longest LEB128 encoding of a `u64`.
+pub const MAX_VARINT_BYTES: usize = 10;
+
+/// A posting-list row's value: the commit position, as its (small, positive) distance from
+/// the row's prepare position — one byte for writes of up to 127 events instead of eight.
+/// Written into `buf` (no allocation per row).
+pub fn encode_commit(prepare: u64, commit: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
+    let mut n = commit - prepare;
+    let mut len = 0;
+    while n >= 0x80 {
+        buf[len] = (n as u8) | 0x80;
+        n >>= 7;
+        len += 1;
+    }
+    buf[len] = n as u8;
+    &buf[..=len]
+}
+
+/// The commit position of a posting-list row.
+pub fn decode_commit(prepare: u64, value: &[u8]) -> Result<u64, StoreError> {
+    read_varint(value)
+        .and_then(|delta| prepare.checked_add(delta))
+        .ok_or_else(|| StoreError::corrupt("tags", "value is not a commit distance"))
 }
 
 /// `writes`: boundary id · commit.
@@ -225,6 +282,38 @@ mod tests {
     fn tag_prefixes_do_not_collide() {
         // Length prefixes keep ("ab","c") and ("a","bc") apart.
         assert_ne!(tag_prefix(1, "ab", "c"), tag_prefix(1, "a", "bc"));
+        // Prefix-free across boundary ids of any width and parts of any length: no list's
+        // prefix starts another list's prefix, so a seek never strays into another list.
+        let long = "z".repeat(MAX_VERBATIM_TAG_BYTES + 1);
+        let mut prefixes = Vec::new();
+        for bid in [0, 1, 127, 128, 300, u32::MAX] {
+            for key in ["", "a", "ab", "\u{1}", long.as_str()] {
+                for value in ["", "b", "ab", "\u{80}", long.as_str()] {
+                    prefixes.push(tag_prefix(bid, key, value));
+                }
+            }
+        }
+        for (i, a) in prefixes.iter().enumerate() {
+            for (j, b) in prefixes.iter().enumerate() {
+                assert!(i == j || !b.starts_with(a), "{a:?} starts {b:?}");
+            }
+        }
+        assert_eq!(tag_prefix(u32::MAX, "", "").len(), 5 + 1 + 1);
+        assert_eq!(tag_prefix(1, "", "").len(), MIN_TAG_PREFIX_BYTES);
+    }
+
+    #[test]
+    fn commit_distances_round_trip() {
+        for (prepare, commit) in [(0, 1), (5, 105), (7, 7 + 127), (7, 7 + 128), (0, u64::MAX)] {
+            let mut buf = [0; MAX_VARINT_BYTES];
+            let v = encode_commit(prepare, commit, &mut buf);
+            assert_eq!(decode_commit(prepare, v).expect("decodes"), commit);
+        }
+        assert_eq!(encode_commit(10, 11, &mut [0; MAX_VARINT_BYTES]), [1]);
+        assert!(decode_commit(0, &[]).is_err());
+        assert!(decode_commit(0, &[0x80]).is_err(), "unterminated");
+        assert!(decode_commit(0, &[1, 1]).is_err(), "trailing bytes");
+        assert!(decode_commit(u64::MAX, &[1]).is_err(), "overflow");
     }
 
     #[test]
@@ -233,13 +322,13 @@ mod tests {
         let long_b = format!("{}y", "x".repeat(MAX_VERBATIM_TAG_BYTES));
         let at_limit = "x".repeat(MAX_VERBATIM_TAG_BYTES);
         let digested = tag_prefix(1, "payload", &long_a);
-        assert_eq!(digested.len(), 4 + 4 + 7 + 4 + DIGEST_BYTES);
+        assert_eq!(digested.len(), 1 + 1 + 7 + 1 + DIGEST_BYTES);
         assert_ne!(digested, tag_prefix(1, "payload", &long_b));
         assert_eq!(digested, tag_prefix(1, "payload", &long_a.clone()));
         // At the limit the value is kept verbatim.
         assert_eq!(
             tag_prefix(1, "payload", &at_limit).len(),
-            4 + 4 + 7 + 4 + MAX_VERBATIM_TAG_BYTES
+            1 + 1 + 7 + 1 + MAX_VERBATIM_TAG_BYTES
         );
         // Long keys are digested too, and key/value digests do not mix.
         assert_ne!(tag_prefix(1, &long_a, "v"), tag_prefix(1, "v", &long_a));

@@ -61,7 +61,9 @@ pub const ALL_CFS: [&str; 7] = [
 /// On-disk format of the state machine, recorded in `sm_meta` when a database is created and
 /// checked on every open. Bump it whenever a key or value changes meaning.
 /// 1: tag keys/values over 64 bytes are keyed by digest.
-pub const STORE_FORMAT: u32 = 1;
+/// 2: posting-list rows with a varint boundary id, one-byte part lengths and the commit as
+///    a varint distance from the prepare position.
+pub const STORE_FORMAT: u32 = 2;
 
 /// L0 files that trigger a compaction of the posting lists (RocksDB's default is 4).
 pub const TAGS_L0_COMPACTION_TRIGGER: i32 = 8;
@@ -181,12 +183,12 @@ impl std::fmt::Debug for Store {
 
 /// The posting-list prefix of a `tags` key: everything but the trailing prepare position.
 fn posting_list_prefix(key: &[u8]) -> &[u8] {
-    &key[..key.len().saturating_sub(8)]
+    &key[..key.len().saturating_sub(keys::PREPARE_BYTES)]
 }
 
 /// Whether `key` has a posting-list prefix (boundary id, two lengths and a position).
 fn is_posting_key(key: &[u8]) -> bool {
-    key.len() >= 4 + 4 + 4 + 8
+    key.len() >= keys::MIN_TAG_PREFIX_BYTES + keys::PREPARE_BYTES
 }
 
 fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
@@ -220,7 +222,7 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
                 // the common CCC check of a fresh context — skip every file at once.
                 table.set_whole_key_filtering(false);
                 cf_opts.set_prefix_extractor(SliceTransform::create(
-                    "cairn.posting_list.v1",
+                    "cairn.posting_list.v2",
                     posting_list_prefix,
                     Some(is_posting_key),
                 ));

@@ -58,12 +58,12 @@ impl Posting<'_> {
     /// (prepare, commit) under the cursor, if it is inside this list.
     fn current(&self) -> Result<Option<(u64, u64)>, StoreError> {
         match self.it.item() {
-            Some((k, v)) if k.starts_with(&self.prefix) && k.len() == self.prefix.len() + 8 => {
+            Some((k, v))
+                if k.starts_with(&self.prefix)
+                    && k.len() == self.prefix.len() + keys::PREPARE_BYTES =>
+            {
                 let prepare = keys::prepare_suffix(k)?;
-                let commit: [u8; 8] = v
-                    .try_into()
-                    .map_err(|_| StoreError::corrupt("tags", "value is not 8 bytes"))?;
-                Ok(Some((prepare, u64::from_be_bytes(commit))))
+                Ok(Some((prepare, keys::decode_commit(prepare, v)?)))
             }
             _ => {
                 self.it.status()?;

@@ -31,6 +31,9 @@ use sha2::{Digest, Sha256};
 pub const TOKEN_HEADER: &str = "x-auth-token";
 /// Basic credentials verified recently, remembered to spare argon2 on every request.
 const BASIC_CACHE_CAPACITY: usize = 4096;
+/// Session tokens verified recently, remembered to spare an HMAC and two base64 passes on
+/// every request of a busy client.
+const VERIFIED_TOKEN_CACHE_CAPACITY: usize = 4096;
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +142,27 @@ pub struct Authenticator {
     store: Store,
     token_ttl: Duration,
     basic_cache: Mutex<HashMap<[u8; 32], (String, u64)>>,
+    tokens: Mutex<TokenCache>,
+}
+
+/// A token's claims: user id, credential generation, expiry (Unix seconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Claims {
+    user_id: String,
+    generation: u64,
+    expiry: u64,
+}
+
+/// Tokens recently issued and verified. Expiry has one-second resolution, so a token issued
+/// in the same second for the same user and generation is exactly the token that would be
+/// signed again: reusing it keeps the sliding expiry unchanged while a busy client costs a
+/// map lookup instead of an HMAC per response.
+#[derive(Default)]
+struct TokenCache {
+    /// Per user id: the last issued token and its claims.
+    issued: HashMap<String, (Claims, String)>,
+    /// Token text → its verified claims (the signature checked once).
+    verified: HashMap<String, Claims>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -196,6 +220,7 @@ impl Authenticator {
             store,
             token_ttl,
             basic_cache: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(TokenCache::default()),
         }
     }
 
@@ -222,19 +247,66 @@ impl Authenticator {
                     .map(|u| u.credential_generation)
             })
             .ok_or_else(|| Error::Unauthenticated("user no longer exists".into()))?;
-        let expiry = now_secs() + self.token_ttl.as_secs();
-        let payload = format!("{}:{generation}:{expiry}", principal.user_id);
+        let claims = Claims {
+            user_id: principal.user_id.clone(),
+            generation,
+            expiry: now_secs() + self.token_ttl.as_secs(),
+        };
+        if let Some((cached, token)) = self.tokens().issued.get(&principal.user_id)
+            && *cached == claims
+        {
+            return Ok(token.clone());
+        }
+        let payload = format!("{}:{generation}:{}", claims.user_id, claims.expiry);
         let mac = Self::mac(&self.token_key()?, payload.as_bytes())?;
-        Ok(format!(
+        let token = format!(
             "{}.{}",
             URL_SAFE_NO_PAD.encode(payload),
             URL_SAFE_NO_PAD.encode(mac)
-        ))
+        );
+        self.tokens()
+            .issued
+            .insert(claims.user_id.clone(), (claims, token.clone()));
+        Ok(token)
+    }
+
+    fn tokens(&self) -> std::sync::MutexGuard<'_, TokenCache> {
+        self.tokens.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn verify_token(&self, token: &str) -> Result<Principal, Error> {
         let bad = || Error::from(AuthFailure::BadToken);
-        let (payload_b64, mac_b64) = token.trim().split_once('.').ok_or_else(bad)?;
+        let token = token.trim();
+        let cached = self.tokens().verified.get(token).cloned();
+        let claims = match cached {
+            Some(claims) => claims,
+            None => {
+                let claims = self.verify_signature(token)?;
+                let mut cache = self.tokens();
+                if cache.verified.len() >= VERIFIED_TOKEN_CACHE_CAPACITY {
+                    cache.verified.clear();
+                }
+                cache.verified.insert(token.to_string(), claims.clone());
+                claims
+            }
+        };
+        if claims.expiry <= now_secs() {
+            return Err(bad());
+        }
+        self.store
+            .with_catalog(|c| match c.users.get(&claims.user_id) {
+                Some(user) if user.credential_generation == claims.generation => {
+                    Ok(Principal::of(user))
+                }
+                _ => Err(bad()),
+            })
+    }
+
+    /// Checks a token's signature and parses its claims (not its expiry or generation,
+    /// which change meaning with time and with the catalog).
+    fn verify_signature(&self, token: &str) -> Result<Claims, Error> {
+        let bad = || Error::from(AuthFailure::BadToken);
+        let (payload_b64, mac_b64) = token.split_once('.').ok_or_else(bad)?;
         let payload = URL_SAFE_NO_PAD.decode(payload_b64).map_err(|_| bad())?;
         let mac = URL_SAFE_NO_PAD.decode(mac_b64).map_err(|_| bad())?;
         let mut verifier = Hmac::<Sha256>::new_from_slice(&self.token_key()?)
@@ -248,14 +320,10 @@ impl Authenticator {
         else {
             return Err(bad());
         };
-        let generation: u64 = generation.parse().map_err(|_| bad())?;
-        let expiry: u64 = expiry.parse().map_err(|_| bad())?;
-        if expiry <= now_secs() {
-            return Err(bad());
-        }
-        self.store.with_catalog(|c| match c.users.get(user_id) {
-            Some(user) if user.credential_generation == generation => Ok(Principal::of(user)),
-            _ => Err(bad()),
+        Ok(Claims {
+            user_id: user_id.to_string(),
+            generation: generation.parse().map_err(|_| bad())?,
+            expiry: expiry.parse().map_err(|_| bad())?,
         })
     }
 
@@ -353,6 +421,84 @@ mod tests {
         assert_eq!(required_roles("/orisun.Admin/ChangePassword"), None);
         assert!(is_public("/grpc.health.v1.Health/Check"));
         assert!(!is_public("/orisun.EventStore/Ping"));
+    }
+
+    fn store_with_user() -> (tempfile::TempDir, Store, Principal) {
+        use cairn_core::command::Command;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), &Default::default()).expect("open");
+        let user = UserRecord {
+            user_id: "u1".into(),
+            name: "Ann".into(),
+            username: "ann".into(),
+            password_hash: String::new(),
+            roles: vec![Role::Operations],
+            created_unix_nanos: 0,
+            updated_unix_nanos: 0,
+            credential_generation: 0,
+        };
+        for command in [
+            Command::InitTokenKey { key: vec![7; 32] },
+            Command::CreateUser {
+                user: user.clone(),
+                if_absent: false,
+            },
+        ] {
+            store
+                .apply(&command, b"m")
+                .expect("apply")
+                .expect("applied");
+        }
+        (dir, store, Principal::of(&user))
+    }
+
+    #[test]
+    fn cached_tokens_still_die_with_their_credentials() {
+        let (_dir, store, ann) = store_with_user();
+        let auth = Authenticator::new(store.clone(), Duration::from_secs(3600));
+        let token = auth.issue_token(&ann).expect("issue");
+        assert_eq!(auth.verify_token(&token).expect("valid"), ann);
+        // Verified again from the cache.
+        assert_eq!(auth.verify_token(&token).expect("still valid"), ann);
+        // A forged signature is never cached as valid, however often it is tried.
+        let (payload, _) = token.split_once('.').expect("two parts");
+        let forged = format!("{payload}.{}", URL_SAFE_NO_PAD.encode([0u8; 32]));
+        for _ in 0..2 {
+            assert!(auth.verify_token(&forged).is_err());
+        }
+        store
+            .apply(
+                &cairn_core::command::Command::SetPassword {
+                    user_id: "u1".into(),
+                    password_hash: String::new(),
+                    at_unix_nanos: 1,
+                },
+                b"m",
+            )
+            .expect("apply")
+            .expect("applied");
+        assert!(
+            auth.verify_token(&token).is_err(),
+            "a password change revokes a token verified before it"
+        );
+        let fresh = auth.issue_token(&ann).expect("issue");
+        assert_ne!(fresh, token, "tokens carry the new credential generation");
+        assert_eq!(auth.verify_token(&fresh).expect("valid"), ann);
+    }
+
+    #[test]
+    fn every_issued_token_expires_a_full_ttl_after_it_is_handed_out() {
+        let (_dir, store, ann) = store_with_user();
+        let auth = Authenticator::new(store, Duration::from_secs(3600));
+        for _ in 0..3 {
+            let before = now_secs();
+            let token = auth.issue_token(&ann).expect("issue");
+            let claims = auth.verify_signature(&token).expect("signed");
+            assert!(
+                claims.expiry >= before + 3600,
+                "the session slides with each response"
+            );
+        }
     }
 
     #[test]

@@ -14,6 +14,8 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
+use crate::direct::DirectChannel;
+
 /// How to reach the servers.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
@@ -25,6 +27,20 @@ pub struct ConnectOptions {
     pub password: String,
     /// CA certificate for TLS.
     pub ca_cert: Option<PathBuf>,
+    /// How scenario requests reach the server.
+    pub transport: Transport,
+}
+
+/// How scenario requests reach the server (setup and admin calls always use tonic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// `direct` for plaintext endpoints, `tonic` with TLS.
+    Auto,
+    /// The lean unary caller over h2 (plaintext only): the least client CPU per request,
+    /// so more of a shared machine is left to the server under test.
+    Direct,
+    /// tonic's generated client (any endpoint).
+    Tonic,
 }
 
 /// Adds the current credentials to each request.
@@ -68,10 +84,57 @@ const STARTUP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// One connection (HTTP/2 channel) with its clients.
 #[derive(Clone)]
 pub struct Connection {
-    /// EventStore.
-    pub es: EventStoreClient<Svc>,
     /// Admin.
     pub admin: AdminClient<Svc>,
+    /// The EventStore calls scenarios make, over the chosen transport.
+    pub calls: Calls,
+}
+
+/// The EventStore calls the scenarios make, over the transport chosen by `--transport`.
+#[derive(Clone)]
+pub enum Calls {
+    /// Lean unary calls straight over h2 (a second connection to the same endpoint).
+    Direct(DirectChannel),
+    /// tonic's client on the connection's channel.
+    Tonic(EventStoreClient<Svc>),
+}
+
+impl Calls {
+    /// SaveEventsV2.
+    pub async fn save_events_v2(
+        &mut self,
+        request: pb::SaveEventsV2Request,
+    ) -> Result<pb::WriteResult, tonic::Status> {
+        match self {
+            Calls::Direct(d) => d.unary("/orisun.EventStore/SaveEventsV2", &request).await,
+            Calls::Tonic(c) => Ok(c.save_events_v2(request).await?.into_inner()),
+        }
+    }
+
+    /// GetEvents.
+    pub async fn get_events(
+        &mut self,
+        request: pb::GetEventsRequest,
+    ) -> Result<pb::GetEventsResponse, tonic::Status> {
+        match self {
+            Calls::Direct(d) => d.unary("/orisun.EventStore/GetEvents", &request).await,
+            Calls::Tonic(c) => Ok(c.get_events(request).await?.into_inner()),
+        }
+    }
+
+    /// GetLatestByCriteria.
+    pub async fn get_latest_by_criteria(
+        &mut self,
+        request: pb::GetLatestByCriteriaRequest,
+    ) -> Result<pb::GetLatestByCriteriaResponse, tonic::Status> {
+        match self {
+            Calls::Direct(d) => {
+                d.unary("/orisun.EventStore/GetLatestByCriteria", &request)
+                    .await
+            }
+            Calls::Tonic(c) => Ok(c.get_latest_by_criteria(request).await?.into_inner()),
+        }
+    }
 }
 
 async fn channel(options: &ConnectOptions, endpoint: &str) -> anyhow::Result<Channel> {
@@ -132,6 +195,16 @@ impl Connection {
             }
         };
         auth.adopt_token(pong.metadata());
-        Ok(Connection { es, admin })
+        let tls = options.ca_cert.is_some() || endpoint.starts_with("https://");
+        let calls = match (options.transport, tls) {
+            (Transport::Direct, true) => {
+                anyhow::bail!("--transport direct speaks plaintext only; {endpoint} needs TLS")
+            }
+            (Transport::Tonic, _) | (Transport::Auto, true) => Calls::Tonic(es.clone()),
+            (Transport::Direct | Transport::Auto, false) => {
+                Calls::Direct(DirectChannel::connect(endpoint, auth.header.clone()).await?)
+            }
+        };
+        Ok(Connection { admin, calls })
     }
 }

@@ -7,6 +7,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod client;
+mod direct;
 mod report;
 mod runner;
 mod scenario;
@@ -99,6 +100,12 @@ struct Args {
     #[arg(long, env = "CAIRN_BENCH_CONNECTIONS", default_value_t = defaults::CONNECTIONS)]
     connections: usize,
 
+    /// How scenario requests travel: `direct` (a lean gRPC caller over one h2 connection,
+    /// plaintext only; the least load-generator CPU per request), `tonic` (tonic's client),
+    /// `auto` (direct unless TLS).
+    #[arg(long, env = "CAIRN_BENCH_TRANSPORT", value_enum, default_value_t = client::Transport::Auto)]
+    transport: client::Transport,
+
     /// Write the anchor-format CSV here.
     #[arg(long, env = "CAIRN_BENCH_CSV")]
     csv: Option<PathBuf>,
@@ -134,6 +141,7 @@ async fn main() -> anyhow::Result<()> {
         user: args.user.clone(),
         password: args.password.clone(),
         ca_cert: args.ca_cert.clone(),
+        transport: args.transport,
     };
     let admin = Connection::open(&connect, 0)
         .await

@@ -204,7 +204,7 @@ impl Client {
             vec![]
         };
         self.conn
-            .es
+            .calls
             .save_events_v2(pb::SaveEventsV2Request {
                 boundary: self.boundary.clone(),
                 events,
@@ -218,7 +218,7 @@ impl Client {
         let context = random_seed_context(&mut self.rng, self.seeded_contexts);
         let events = self
             .conn
-            .es
+            .calls
             .get_events(pb::GetEventsRequest {
                 query: Some(pb::Query {
                     criteria: vec![context_criterion(&context)],
@@ -229,7 +229,6 @@ impl Client {
                 boundary: self.boundary.clone(),
             })
             .await?
-            .into_inner()
             .events;
         Ok((events.len() as u64, 0))
     }
@@ -239,7 +238,7 @@ impl Client {
     async fn read_unconditional(&mut self) -> Done {
         let events = self
             .conn
-            .es
+            .calls
             .get_events(pb::GetEventsRequest {
                 query: None,
                 from_position: self.read_cursor,
@@ -248,7 +247,6 @@ impl Client {
                 boundary: self.boundary.clone(),
             })
             .await?
-            .into_inner()
             .events;
         // The next page starts just after the last event read: (commit, prepare + 1) lies
         // between it and the event that follows.
@@ -266,15 +264,13 @@ impl Client {
         &mut self,
         criteria: Vec<pb::Criterion>,
     ) -> Result<pb::GetLatestByCriteriaResponse, Status> {
-        Ok(self
-            .conn
-            .es
+        self.conn
+            .calls
             .get_latest_by_criteria(pb::GetLatestByCriteriaRequest {
                 boundary: self.boundary.clone(),
                 criteria,
             })
-            .await?
-            .into_inner())
+            .await
     }
 
     async fn latest_by_criteria(&mut self) -> Done {
@@ -301,7 +297,7 @@ impl Client {
             self.seq += 1;
             let result = self
                 .conn
-                .es
+                .calls
                 .save_events_v2(pb::SaveEventsV2Request {
                     boundary: self.boundary.clone(),
                     events: vec![event(&context, 0, self.seq)],

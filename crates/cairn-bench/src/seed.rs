@@ -90,7 +90,7 @@ pub async fn ensure(
                 let events = (from..to)
                     .map(|i| event(&seed_context(i % contexts), (i - from) as usize, i))
                     .collect();
-                conn.es
+                conn.calls
                     .save_events_v2(pb::SaveEventsV2Request {
                         boundary: boundary.clone(),
                         events,

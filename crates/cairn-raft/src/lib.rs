@@ -17,8 +17,8 @@ mod state_machine;
 pub use log_store::LogStore;
 pub use network::SingleNodeNetwork;
 pub use node::{
-    DEFAULT_MAX_INFLIGHT_BATCHES, DEFAULT_SNAPSHOT_EVERY_ENTRIES, HeadWatch, LEADERSHIP_TIMEOUT,
-    NodeOptions, RaftNode,
+    DEFAULT_MAX_INFLIGHT_BATCHES, DEFAULT_SNAPSHOT_EVERY_BYTES, DEFAULT_SNAPSHOT_EVERY_ENTRIES,
+    HeadWatch, LEADERSHIP_TIMEOUT, NodeOptions, RaftNode,
 };
 pub use state_machine::StateMachine;
 

@@ -10,6 +10,13 @@ use std::time::Duration;
 use cairn_core::boundary::validate_identifier;
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// Smallest accepted `--snapshot-every-bytes`.
+pub const MIN_SNAPSHOT_EVERY_BYTES: u64 = 64 * 1024;
+/// Smallest accepted `--memtable-mb`.
+pub const MIN_MEMTABLE_MB: usize = 1;
+/// Largest accepted `--memtable-mb`.
+pub const MAX_MEMTABLE_MB: usize = 4096;
+
 /// Named defaults, so docs, flags and tests agree.
 pub mod defaults {
     /// Data directory.
@@ -32,8 +39,12 @@ pub mod defaults {
     pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
     /// Raft snapshot interval in log entries.
     pub const SNAPSHOT_EVERY_ENTRIES: u64 = cairn_raft::DEFAULT_SNAPSHOT_EVERY_ENTRIES;
+    /// Raft snapshot interval in bytes of proposed commands.
+    pub const SNAPSHOT_EVERY_BYTES: u64 = cairn_raft::DEFAULT_SNAPSHOT_EVERY_BYTES;
     /// RocksDB block cache.
     pub const BLOCK_CACHE_MB: usize = 256;
+    /// RocksDB memtable per column family.
+    pub const MEMTABLE_MB: usize = 64;
     /// Batch entries in flight in the proposer.
     pub const MAX_INFLIGHT_BATCHES: usize = cairn_raft::DEFAULT_MAX_INFLIGHT_BATCHES;
     /// Time allowed for another process to release the data directory at start-up.
@@ -119,6 +130,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_SNAPSHOT_EVERY_ENTRIES", default_value_t = defaults::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every_entries: u64,
 
+    /// Also build one after this many bytes of proposed commands (whichever comes first),
+    /// so logs of large entries are truncated in time.
+    #[arg(long, env = "CAIRN_SNAPSHOT_EVERY_BYTES", default_value_t = defaults::SNAPSHOT_EVERY_BYTES)]
+    pub snapshot_every_bytes: u64,
+
     /// Raft batch entries in flight: concurrent writes arriving meanwhile are folded into the
     /// next entry. 1 batches the most; more overlaps disk and apply work.
     #[arg(long, env = "CAIRN_MAX_INFLIGHT_BATCHES", default_value_t = defaults::MAX_INFLIGHT_BATCHES)]
@@ -127,6 +143,12 @@ pub struct ServeArgs {
     /// RocksDB block cache size in MiB.
     #[arg(long, env = "CAIRN_BLOCK_CACHE_MB", default_value_t = defaults::BLOCK_CACHE_MB)]
     pub block_cache_mb: usize,
+
+    /// RocksDB memtable size per column family in MiB: larger means fewer, bigger flushes
+    /// and less compaction, at the cost of memory (events, tags and the Raft log each fill
+    /// one) and a longer replay after a crash.
+    #[arg(long, env = "CAIRN_MEMTABLE_MB", default_value_t = defaults::MEMTABLE_MB)]
+    pub memtable_mb: usize,
 
     /// Seconds to wait at start-up while another process holds the data directory.
     #[arg(long, env = "CAIRN_LOCK_WAIT_SECS", default_value_t = defaults::LOCK_WAIT_SECS)]
@@ -170,8 +192,12 @@ pub struct ServeConfig {
     pub max_message_bytes: usize,
     /// Snapshot interval.
     pub snapshot_every_entries: u64,
+    /// Snapshot interval in bytes of proposed commands.
+    pub snapshot_every_bytes: u64,
     /// Block cache bytes.
     pub block_cache_bytes: usize,
+    /// Memtable bytes per column family.
+    pub memtable_bytes: usize,
     /// Proposer batches in flight.
     pub max_inflight_batches: usize,
     /// Wait for a locked data directory.
@@ -222,11 +248,21 @@ impl ServeArgs {
         if self.snapshot_every_entries == 0 {
             return Err(ConfigError("--snapshot-every-entries must be ≥ 1".into()));
         }
+        if self.snapshot_every_bytes < MIN_SNAPSHOT_EVERY_BYTES {
+            return Err(ConfigError(format!(
+                "--snapshot-every-bytes must be ≥ {MIN_SNAPSHOT_EVERY_BYTES} (a snapshot per write would stall the node)"
+            )));
+        }
         if self.max_inflight_batches == 0 {
             return Err(ConfigError("--max-inflight-batches must be ≥ 1".into()));
         }
         if self.block_cache_mb == 0 {
             return Err(ConfigError("--block-cache-mb must be ≥ 1".into()));
+        }
+        if !(MIN_MEMTABLE_MB..=MAX_MEMTABLE_MB).contains(&self.memtable_mb) {
+            return Err(ConfigError(format!(
+                "--memtable-mb must be between {MIN_MEMTABLE_MB} and {MAX_MEMTABLE_MB}"
+            )));
         }
         let advertise_addr = self
             .advertise_addr
@@ -243,7 +279,9 @@ impl ServeArgs {
             token_ttl: Duration::from_secs(self.token_ttl_secs),
             max_message_bytes: self.max_message_bytes,
             snapshot_every_entries: self.snapshot_every_entries,
+            snapshot_every_bytes: self.snapshot_every_bytes,
             block_cache_bytes: self.block_cache_mb * 1024 * 1024,
+            memtable_bytes: self.memtable_mb * 1024 * 1024,
             max_inflight_batches: self.max_inflight_batches,
             lock_wait: Duration::from_secs(self.lock_wait_secs),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
@@ -268,7 +306,9 @@ impl ServeConfig {
             token_ttl: Duration::from_secs(defaults::TOKEN_TTL_SECS),
             max_message_bytes: defaults::MAX_MESSAGE_BYTES,
             snapshot_every_entries: defaults::SNAPSHOT_EVERY_ENTRIES,
+            snapshot_every_bytes: defaults::SNAPSHOT_EVERY_BYTES,
             block_cache_bytes: 32 * 1024 * 1024,
+            memtable_bytes: defaults::MEMTABLE_MB * 1024 * 1024,
             max_inflight_batches: defaults::MAX_INFLIGHT_BATCHES,
             lock_wait: Duration::from_secs(defaults::LOCK_WAIT_SECS),
             shutdown_grace: Duration::from_secs(5),
@@ -306,5 +346,17 @@ mod tests {
         assert_eq!(c.boundaries, vec!["a", "b"]);
         assert!(parse(&["--boundaries", "1bad"]).is_err());
         assert!(parse(&["--node-id", "0"]).is_err());
+    }
+
+    #[test]
+    fn snapshot_triggers_are_bounded() {
+        let c = parse(&[]).expect("defaults are valid");
+        assert_eq!(c.snapshot_every_bytes, 256 * 1024 * 1024);
+        assert!(parse(&["--snapshot-every-bytes", "65535"]).is_err());
+        let c = parse(&["--snapshot-every-bytes", "65536"]).expect("the minimum is valid");
+        assert_eq!(c.snapshot_every_bytes, MIN_SNAPSHOT_EVERY_BYTES);
+        assert!(parse(&["--snapshot-every-entries", "0"]).is_err());
+        assert!(parse(&["--memtable-mb", "0"]).is_err());
+        assert!(parse(&["--memtable-mb", "4097"]).is_err());
     }
 }

@@ -297,8 +297,10 @@ pub async fn start_on(
             data_dir: config.data_dir.clone(),
             advertise_addr: config.advertise_addr.clone(),
             snapshot_every_entries: config.snapshot_every_entries,
+            snapshot_every_bytes: config.snapshot_every_bytes,
             store: StoreOptions {
                 block_cache_bytes: config.block_cache_bytes,
+                memtable_bytes: config.memtable_bytes,
             },
             lock_wait: config.lock_wait,
             observer: metrics.clone(),

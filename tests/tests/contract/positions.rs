@@ -162,6 +162,40 @@ async fn p4_readers_never_see_positions_go_backwards() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_commands_trigger_snapshots_long_before_the_entry_count_does() {
+    let server = TestServer::start_with(|c| {
+        c.snapshot_every_entries = 1_000_000;
+        c.snapshot_every_bytes = 64 * 1024;
+    })
+    .await;
+    let mut c = server.client();
+    let pad = "x".repeat(1_000);
+    // ~1.3 MB of commands in 1,200 entries: the entry policy alone would never snapshot.
+    for i in 0..1_200 {
+        c.save(
+            "default",
+            vec![event("T", &format!(r#"{{"i":{i},"pad":"{pad}"}}"#))],
+            vec![],
+        )
+        .await
+        .expect("write");
+    }
+    let raft = server.server().node().raft.raft().clone();
+    let mut metrics = raft.metrics();
+    let purged = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        metrics.wait_for(|m| m.snapshot.is_some() && m.purged.is_some()),
+    )
+    .await
+    .expect("the byte trigger builds a snapshot and the log is purged")
+    .expect("metrics")
+    .purged
+    .expect("purged");
+    assert!(purged.index > 0);
+    assert_eq!(c.read_all("default").await.len(), 1_200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_truncate_the_log_and_a_restart_keeps_everything() {
     let server = TestServer::start_with(|c| c.snapshot_every_entries = 50).await;
     let mut c = server.client();

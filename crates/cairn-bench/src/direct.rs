@@ -119,8 +119,9 @@ impl DirectChannel {
             return Err(Status::unknown(format!("HTTP status {}", parts.status)));
         }
         // Trailers-only response: the status is in the headers and there is no message.
-        if let Some(status) = status_of(&parts.headers) {
-            return Err(status);
+        if parts.headers.contains_key("grpc-status") {
+            return Err(status_of(&parts.headers)
+                .unwrap_or_else(|| Status::internal("OK response without a message")));
         }
         let mut message = BytesMut::new();
         while let Some(chunk) = body.data().await {

@@ -22,7 +22,7 @@ pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
 /// Default: also build one after this many bytes of proposed commands, so a log of large
 /// entries (seeding writes 1,000 events per entry) is purged long before the entry count
 /// says so.
-pub const DEFAULT_SNAPSHOT_EVERY_BYTES: u64 = 256 * 1024 * 1024;
+pub const DEFAULT_SNAPSHOT_EVERY_BYTES: u64 = 1024 * 1024 * 1024;
 /// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
 pub const LOG_ENTRIES_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
 /// Interval between attempts to open a locked data directory.

@@ -351,7 +351,7 @@ mod tests {
     #[test]
     fn snapshot_triggers_are_bounded() {
         let c = parse(&[]).expect("defaults are valid");
-        assert_eq!(c.snapshot_every_bytes, 256 * 1024 * 1024);
+        assert_eq!(c.snapshot_every_bytes, 1024 * 1024 * 1024);
         assert!(parse(&["--snapshot-every-bytes", "65535"]).is_err());
         let c = parse(&["--snapshot-every-bytes", "65536"]).expect("the minimum is valid");
         assert_eq!(c.snapshot_every_bytes, MIN_SNAPSHOT_EVERY_BYTES);

@@ -161,6 +161,22 @@ async fn p4_readers_never_see_positions_go_backwards() {
     );
 }
 
+/// Waits until the node has built a snapshot and purged its log; the last purged index.
+async fn wait_for_purge(server: &TestServer) -> u64 {
+    let raft = server.server().node().raft.raft().clone();
+    let mut metrics = raft.metrics();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        metrics.wait_for(|m| m.snapshot.is_some() && m.purged.is_some()),
+    )
+    .await
+    .expect("a snapshot is built and the log purged in time")
+    .expect("metrics")
+    .purged
+    .expect("purged")
+    .index
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_commands_trigger_snapshots_long_before_the_entry_count_does() {
     let server = TestServer::start_with(|c| {
@@ -180,18 +196,7 @@ async fn large_commands_trigger_snapshots_long_before_the_entry_count_does() {
         .await
         .expect("write");
     }
-    let raft = server.server().node().raft.raft().clone();
-    let mut metrics = raft.metrics();
-    let purged = tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        metrics.wait_for(|m| m.snapshot.is_some() && m.purged.is_some()),
-    )
-    .await
-    .expect("the byte trigger builds a snapshot and the log is purged")
-    .expect("metrics")
-    .purged
-    .expect("purged");
-    assert!(purged.index > 0);
+    assert!(wait_for_purge(&server).await > 0);
     assert_eq!(c.read_all("default").await.len(), 1_200);
 }
 
@@ -209,18 +214,7 @@ async fn snapshots_truncate_the_log_and_a_restart_keeps_everything() {
         .await
         .expect("write");
     }
-    let raft = server.server().node().raft.raft().clone();
-    let mut metrics = raft.metrics();
-    let purged = tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        metrics.wait_for(|m| m.snapshot.is_some() && m.purged.is_some()),
-    )
-    .await
-    .expect("a snapshot is built and the log purged")
-    .expect("metrics")
-    .purged
-    .expect("purged");
-    assert!(purged.index > 0);
+    assert!(wait_for_purge(&server).await > 0);
     let before = c.read_all("default").await;
     let dir = server.stop().await;
 

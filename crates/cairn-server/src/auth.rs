@@ -146,7 +146,7 @@ pub struct Authenticator {
 }
 
 /// A token's claims: user id, credential generation, expiry (Unix seconds).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 struct Claims {
     user_id: String,
     generation: u64,
@@ -159,8 +159,8 @@ struct Claims {
 /// map lookup instead of an HMAC per response.
 #[derive(Default)]
 struct TokenCache {
-    /// Per user id: the last issued token and its claims.
-    issued: HashMap<String, (Claims, String)>,
+    /// Per user id: the last issued token with its credential generation and expiry.
+    issued: HashMap<String, (u64, u64, String)>,
     /// Token text → its verified claims (the signature checked once).
     verified: HashMap<String, Claims>,
 }
@@ -247,26 +247,24 @@ impl Authenticator {
                     .map(|u| u.credential_generation)
             })
             .ok_or_else(|| Error::Unauthenticated("user no longer exists".into()))?;
-        let claims = Claims {
-            user_id: principal.user_id.clone(),
-            generation,
-            expiry: now_secs() + self.token_ttl.as_secs(),
-        };
-        if let Some((cached, token)) = self.tokens().issued.get(&principal.user_id)
-            && *cached == claims
+        let expiry = now_secs() + self.token_ttl.as_secs();
+        if let Some((cached_generation, cached_expiry, token)) =
+            self.tokens().issued.get(&principal.user_id)
+            && (*cached_generation, *cached_expiry) == (generation, expiry)
         {
             return Ok(token.clone());
         }
-        let payload = format!("{}:{generation}:{}", claims.user_id, claims.expiry);
+        let payload = format!("{}:{generation}:{expiry}", principal.user_id);
         let mac = Self::mac(&self.token_key()?, payload.as_bytes())?;
         let token = format!(
             "{}.{}",
             URL_SAFE_NO_PAD.encode(payload),
             URL_SAFE_NO_PAD.encode(mac)
         );
-        self.tokens()
-            .issued
-            .insert(claims.user_id.clone(), (claims, token.clone()));
+        self.tokens().issued.insert(
+            principal.user_id.clone(),
+            (generation, expiry, token.clone()),
+        );
         Ok(token)
     }
 
@@ -275,21 +273,24 @@ impl Authenticator {
     }
 
     fn verify_token(&self, token: &str) -> Result<Principal, Error> {
-        let bad = || Error::from(AuthFailure::BadToken);
         let token = token.trim();
-        let cached = self.tokens().verified.get(token).cloned();
-        let claims = match cached {
-            Some(claims) => claims,
-            None => {
-                let claims = self.verify_signature(token)?;
-                let mut cache = self.tokens();
-                if cache.verified.len() >= VERIFIED_TOKEN_CACHE_CAPACITY {
-                    cache.verified.clear();
-                }
-                cache.verified.insert(token.to_string(), claims.clone());
-                claims
-            }
-        };
+        if let Some(claims) = self.tokens().verified.get(token) {
+            return self.admit(claims);
+        }
+        let claims = self.verify_signature(token)?;
+        let principal = self.admit(&claims);
+        let mut cache = self.tokens();
+        if cache.verified.len() >= VERIFIED_TOKEN_CACHE_CAPACITY {
+            cache.verified.clear();
+        }
+        cache.verified.insert(token.to_string(), claims);
+        principal
+    }
+
+    /// The principal of correctly signed `claims`, if they are unexpired and the user still
+    /// has the credential generation they name.
+    fn admit(&self, claims: &Claims) -> Result<Principal, Error> {
+        let bad = || Error::from(AuthFailure::BadToken);
         if claims.expiry <= now_secs() {
             return Err(bad());
         }

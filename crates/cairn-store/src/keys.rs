@@ -44,14 +44,17 @@ pub const PREPARE_BYTES: usize = 8;
 /// Shortest posting-list prefix: a one-byte boundary id and two empty parts.
 pub const MIN_TAG_PREFIX_BYTES: usize = 3;
 
-/// Appends `n` as LEB128: 7 bits per byte, high bit set on all but the last. Prefix-free, so
-/// a varint followed by anything decodes unambiguously.
-fn push_varint(k: &mut Vec<u8>, mut n: u64) {
+/// Writes `n` as LEB128 into `buf`: 7 bits per byte, high bit set on all but the last.
+/// Prefix-free, so a varint followed by anything decodes unambiguously.
+fn varint(mut n: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
+    let mut len = 0;
     while n >= 0x80 {
-        k.push((n as u8) | 0x80);
+        buf[len] = (n as u8) | 0x80;
         n >>= 7;
+        len += 1;
     }
-    k.push(n as u8);
+    buf[len] = n as u8;
+    &buf[..=len]
 }
 
 /// Reads a whole LEB128 value (nothing may follow it).
@@ -95,7 +98,7 @@ pub fn tag_prefix(bid: u32, key: &str, value: &str) -> Vec<u8> {
     };
     // Room for the prepare position, so a row key can be completed in place.
     let mut k = Vec::with_capacity(5 + part(key) + part(value) + PREPARE_BYTES);
-    push_varint(&mut k, u64::from(bid));
+    k.extend_from_slice(varint(u64::from(bid), &mut [0; MAX_VARINT_BYTES]));
     push_tag_part(&mut k, key);
     push_tag_part(&mut k, value);
     k
@@ -131,15 +134,7 @@ pub const MAX_VARINT_BYTES: usize = 10;
 /// the row's prepare position — one byte for writes of up to 127 events instead of eight.
 /// Written into `buf` (no allocation per row).
 pub fn encode_commit(prepare: u64, commit: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
-    let mut n = commit - prepare;
-    let mut len = 0;
-    while n >= 0x80 {
-        buf[len] = (n as u8) | 0x80;
-        n >>= 7;
-        len += 1;
-    }
-    buf[len] = n as u8;
-    &buf[..=len]
+    varint(commit - prepare, buf)
 }
 
 /// The commit position of a posting-list row.

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::json::{EVENT_TYPE_KEY, into_scalars, parse_object, to_text};
+use crate::json::{Payload, canonicalize, tag_set};
 use crate::limits::{MAX_EVENT_ID_BYTES, MAX_EVENT_TYPE_BYTES, MAX_EVENTS_PER_WRITE};
 use crate::{Error, Position, Tag};
 
@@ -64,21 +64,21 @@ impl NewEvent {
                 "event {index}: event_type contains a NUL character"
             )));
         }
-        let mut data = parse_object(&raw.data, &|| format!("event {index} data"))?;
-        let metadata = parse_object(&raw.metadata, &|| format!("event {index} metadata"))?;
         // E3: the request's event_type overwrites an application key of the same name; the
         // returned data omits it, so it is simply not kept in the stored text.
-        data.shift_remove(EVENT_TYPE_KEY);
-        let data_text = to_text(&data);
-        let tags = into_scalars(data, &raw.event_type)
+        let data = canonicalize(&raw.data, Payload::Data, &|| format!("event {index} data"))?;
+        let metadata = canonicalize(&raw.metadata, Payload::Metadata, &|| {
+            format!("event {index} metadata")
+        })?;
+        let tags = tag_set(data.scalars, &raw.event_type)
             .into_iter()
             .map(|(key, value)| Tag { key, value })
             .collect();
         Ok(NewEvent {
             event_id: raw.event_id,
             event_type: raw.event_type,
-            data: data_text,
-            metadata: to_text(&metadata),
+            data: data.text,
+            metadata: metadata.text,
             tags,
         })
     }

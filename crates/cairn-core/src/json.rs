@@ -4,6 +4,8 @@
 //! text the client sent (`9007199254740993` does not become a float), and `preserve_order`,
 //! so an object keeps the client's key order.
 
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::Error;
@@ -66,18 +68,176 @@ pub fn scalar_text(value: &Value) -> Option<String> {
 /// (E3, X2), sorted by key. Taking the object by value moves string values into their tags
 /// instead of copying payload text once more.
 pub fn into_scalars(data: Object, event_type: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = data
-        .into_iter()
+    tag_set(object_scalars(data), event_type)
+}
+
+/// Adds `eventType` to an event's top-level scalars (which must not hold it) and sorts them
+/// by key: the event's tags (E3, X2).
+pub fn tag_set(mut scalars: Vec<(String, String)>, event_type: &str) -> Vec<(String, String)> {
+    scalars.push((EVENT_TYPE_KEY.to_string(), event_type.to_string()));
+    // Object keys are unique, so the order is total.
+    scalars.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    scalars
+}
+
+/// Every top-level scalar of an object but `eventType`, in the object's order.
+fn object_scalars(data: Object) -> Vec<(String, String)> {
+    data.into_iter()
         .filter(|(k, _)| k != EVENT_TYPE_KEY)
         .filter_map(|(k, v)| match v {
             Value::String(s) => Some((k, s)),
             other => scalar_text(&other).map(|t| (k, t)),
         })
-        .collect();
-    out.push((EVENT_TYPE_KEY.to_string(), event_type.to_string()));
-    // Object keys are unique, so the order is total.
-    out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    out
+        .collect()
+}
+
+/// Which payload field a text is: an event's data loses its `eventType` key (E3), its
+/// metadata is kept whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// `data`: tags come from its scalars.
+    Data,
+    /// `metadata`: stored, never matched.
+    Metadata,
+}
+
+/// A payload as stored: compact object text and its top-level scalars.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Canonical {
+    /// Compact JSON object text (without `eventType` for [`Payload::Data`]).
+    pub text: String,
+    /// `(key, scalar text)` of every top-level scalar (Q3), in the object's order; empty
+    /// for [`Payload::Metadata`].
+    pub scalars: Vec<(String, String)>,
+}
+
+/// Validates `data`/`metadata` text and brings it into stored form (E2, E3). `what` names
+/// the field for error messages (e.g. "event 3 data").
+///
+/// Typical payloads — a flat object of plain strings, numbers and booleans — take a single
+/// pass over the text that borrows every key and value; anything else (nesting, escapes,
+/// exponents, duplicate keys, errors) goes through a full `serde_json::Value` tree. Both give
+/// byte-identical results (a property test compares them), so the stored text never
+/// depends on which path ran.
+pub fn canonicalize(
+    text: &str,
+    payload: Payload,
+    what: &dyn Fn() -> String,
+) -> Result<Canonical, Error> {
+    match flat_object(trim_payload(text), payload) {
+        Some(fast) => Ok(fast),
+        None => canonicalize_tree(text, payload, what),
+    }
+}
+
+fn trim_payload(text: &str) -> &str {
+    text.trim_matches(|c: char| c.is_ascii_whitespace())
+}
+
+/// The general path of [`canonicalize`].
+fn canonicalize_tree(
+    text: &str,
+    payload: Payload,
+    what: &dyn Fn() -> String,
+) -> Result<Canonical, Error> {
+    let mut object = parse_object(text, what)?;
+    if payload == Payload::Data {
+        object.shift_remove(EVENT_TYPE_KEY);
+    }
+    let text = to_text(&object);
+    let scalars = match payload {
+        Payload::Data => object_scalars(object),
+        Payload::Metadata => Vec::new(),
+    };
+    Ok(Canonical { text, scalars })
+}
+
+/// A top-level object's entries as slices of the text. Keys with escapes fail to borrow,
+/// which sends the text down the general path.
+struct FlatEntries<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for FlatEntries<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EntriesVisitor;
+        impl<'de> Visitor<'de> for EntriesVisitor {
+            type Value = FlatEntries<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(entry) = map.next_entry::<&'de str, &'de RawValue>()? {
+                    entries.push(entry);
+                }
+                Ok(FlatEntries(entries))
+            }
+        }
+        deserializer.deserialize_map(EntriesVisitor)
+    }
+}
+
+/// The fast path of [`canonicalize`]: `None` unless `text` is an object whose keys are
+/// unique and free of escapes and whose values are strings without escapes, numbers
+/// without exponents, booleans or null — the values whose compact text is their source
+/// text.
+fn flat_object(text: &str, payload: Payload) -> Option<Canonical> {
+    if !text.starts_with('{') {
+        return None;
+    }
+    let FlatEntries(entries) = serde_json::from_str(text).ok()?;
+    let mut out = String::with_capacity(text.len());
+    let mut scalars = Vec::with_capacity(match payload {
+        Payload::Data => entries.len(),
+        Payload::Metadata => 0,
+    });
+    let mut keys = Vec::with_capacity(entries.len());
+    out.push('{');
+    for (key, raw) in entries {
+        let raw = raw.get();
+        let scalar = match raw.as_bytes().first()? {
+            b'"' => {
+                let inner = raw.get(1..raw.len() - 1)?;
+                if inner.contains('\\') {
+                    return None;
+                }
+                Some(inner.to_string())
+            }
+            b'-' | b'0'..=b'9' => {
+                // serde_json respells exponents (`1E5` is stored as `1e+5`).
+                if raw.bytes().any(|b| b == b'e' || b == b'E') {
+                    return None;
+                }
+                Some(number_text(raw))
+            }
+            b't' | b'f' => Some(raw.to_string()),
+            b'n' => None,
+            _ => return None,
+        };
+        // Checked only now: the general path rejects a bad value even under a key it drops
+        // (serde_json's raw values let lone surrogates such as `"\\ud800"` through).
+        if payload == Payload::Data && key == EVENT_TYPE_KEY {
+            continue;
+        }
+        if !keys.is_empty() {
+            out.push(',');
+        }
+        out.push('"');
+        out.push_str(key);
+        out.push_str("\":");
+        out.push_str(raw);
+        keys.push(key);
+        if let (Payload::Data, Some(value)) = (payload, scalar) {
+            scalars.push((key.to_string(), value));
+        }
+    }
+    out.push('}');
+    // A repeated key keeps its first place and its last value in the general path; such
+    // objects are rare enough to leave to it.
+    keys.sort_unstable();
+    if keys.windows(2).any(|pair| pair[0] == pair[1]) {
+        return None;
+    }
+    Some(Canonical { text: out, scalars })
 }
 
 /// Decimal text of a JSON number literal, as PostgreSQL's `numeric` prints it (Orisun's
@@ -166,6 +326,8 @@ fn strip_leading_zeros(negative: bool, int_part: &str, frac_part: &str) -> Strin
 mod tests {
     use std::collections::BTreeMap;
 
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -243,5 +405,144 @@ mod tests {
         assert_eq!(s["b"], "true");
         assert!(!s.contains_key("z") && !s.contains_key("o") && !s.contains_key("a"));
         assert_eq!(s[EVENT_TYPE_KEY], "Real");
+    }
+
+    #[test]
+    fn flat_payloads_take_the_single_pass() {
+        let bench =
+            r#"{"benchmark_context":"seed-7","event_index":3,"sequence":12,"payload":"xxxx"}"#;
+        let fast = flat_object(bench, Payload::Data).expect("flat object");
+        assert_eq!(fast.text, bench);
+        assert_eq!(fast.scalars.len(), 4);
+        let with_type = r#"{ "n" : -1.50 , "eventType":"Spoof", "ok":true, "z":null }"#;
+        let fast = flat_object(with_type, Payload::Data).expect("flat object");
+        assert_eq!(fast.text, r#"{"n":-1.50,"ok":true,"z":null}"#);
+        assert_eq!(
+            fast.scalars,
+            vec![("n".into(), "-1.50".into()), ("ok".into(), "true".into())]
+        );
+        let kept = flat_object(with_type, Payload::Metadata).expect("flat object");
+        assert!(kept.text.contains("Spoof") && kept.scalars.is_empty());
+        for general in [
+            r#"{"a":{"b":1}}"#,
+            r#"{"a":[1]}"#,
+            r#"{"a":"line\nbreak"}"#,
+            r#"{"k\u0041":1}"#,
+            r#"{"a":1e5}"#,
+            r#"{"a":1,"a":2}"#,
+            r#"{"eventType":"\ud800"}"#,
+            "null",
+            "",
+            "{",
+        ] {
+            assert_eq!(flat_object(general, Payload::Data), None, "{general}");
+        }
+    }
+
+    fn json_string() -> impl Strategy<Value = String> {
+        let odd = prop::sample::select(vec![
+            "\\n",
+            "\\u00e9",
+            "\\ud800",
+            "\\ud83d\\ude00",
+            "\\\"",
+            "\\/",
+            "\\\\",
+            "\u{1}",
+            "\\x",
+            "\t",
+            "\u{7f}",
+        ]);
+        let part = prop_oneof![4 => "[a-zé 0-9]{0,6}", 1 => odd.prop_map(String::from)];
+        prop::collection::vec(part, 0..3).prop_map(|parts| format!("\"{}\"", parts.concat()))
+    }
+
+    fn json_number() -> impl Strategy<Value = String> {
+        let odd = (
+            prop::sample::select(vec!["", "-", "+"]),
+            prop::sample::select(vec!["0", "7", "01", "9007199254740993", ""]),
+            prop::sample::select(vec!["", ".5", ".50", ".", ".000"]),
+            prop::sample::select(vec!["", "e5", "E5", "e+2", "e-3", "E-0", "e", "e99999999"]),
+        )
+            .prop_map(|(sign, int, frac, exp)| format!("{sign}{int}{frac}{exp}"));
+        prop_oneof![3 => "-?(0|[1-9][0-9]{0,20})(\\.[0-9]{1,4})?", 1 => odd]
+    }
+
+    fn json_value() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            3 => json_string(),
+            3 => json_number(),
+            2 => prop::sample::select(vec!["true", "false", "null", "tru", "nul"]).prop_map(String::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                6 => inner.clone(),
+                1 => prop::collection::vec(inner.clone(), 0..3).prop_map(|v| format!("[{}]", v.join(","))),
+                1 => prop::collection::vec((json_key(), inner), 0..3).prop_map(|v| {
+                    let entries: Vec<String> = v.into_iter().map(|(k, v)| format!("{k}:{v}")).collect();
+                    format!("{{{}}}", entries.join(","))
+                }),
+            ]
+        })
+    }
+
+    fn json_key() -> impl Strategy<Value = String> {
+        let plain = prop::sample::select(vec!["a", "b", "c", "d", "eventType", "kA", "é", ""]);
+        let odd = prop::sample::select(vec!["k\\u0041", "a\u{1}", "\\\"q", "a\\n"]);
+        prop_oneof![5 => plain, 1 => odd].prop_map(|k| format!("\"{k}\""))
+    }
+
+    fn space() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            8 => Just(""),
+            1 => prop::sample::select(vec![" ", "\n", "\t", "\r\n ", "\u{c}"]),
+        ]
+    }
+
+    /// Objects of keys and values with whitespace anywhere, plus non-objects and cut-off
+    /// text.
+    fn payload_text() -> impl Strategy<Value = String> {
+        let object = prop::collection::vec(
+            (space(), json_key(), space(), space(), json_value(), space()),
+            0..6,
+        )
+        .prop_map(|entries| {
+            let body: Vec<String> = entries
+                .into_iter()
+                .map(|(a, k, b, c, v, d)| format!("{a}{k}{b}:{c}{v}{d}"))
+                .collect();
+            format!("{{{}}}", body.join(","))
+        });
+        let cut = prop_oneof![3 => Just(None), 1 => any::<prop::sample::Index>().prop_map(Some)];
+        (
+            space(),
+            prop_oneof![6 => object, 1 => json_value()],
+            space(),
+            cut,
+        )
+            .prop_map(|(lead, body, trail, cut)| {
+                let text = format!("{lead}{body}{trail}");
+                let Some(cut) = cut else { return text };
+                let mut at = cut.index(text.len() + 1);
+                while !text.is_char_boundary(at) {
+                    at -= 1;
+                }
+                text[..at].to_string()
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16384))]
+
+        /// The single pass never changes what is stored or what error a client sees.
+        #[test]
+        fn the_single_pass_agrees_with_the_value_tree(text in payload_text()) {
+            for payload in [Payload::Data, Payload::Metadata] {
+                let what = || "event 0 data".to_string();
+                let fast = canonicalize(&text, payload, &what).map_err(|e| e.to_string());
+                let tree = canonicalize_tree(&text, payload, &what).map_err(|e| e.to_string());
+                prop_assert_eq!(fast, tree, "{:?} {:?}", payload, text);
+            }
+        }
     }
 }

@@ -187,11 +187,12 @@ line(
         targets=[(f"cairn_raft_last_log_index{{{SEL}}} - cairn_raft_applied_index{{{SEL}}}", "{{instance}}")],
     ),
     dict(
-        title="Apply batch size",
-        description="Log entries applied per state-machine batch (p50 and p99). Larger batches mean more concurrent writes folded together.",
+        title="Batch sizes",
+        description="Writes folded into one proposed log entry (group commit, p50) and log entries applied per state-machine batch (p50 and p99). Larger batches mean more concurrent writes folded together.",
         targets=[
-            (f"histogram_quantile(0.5, sum by (le) (rate(cairn_apply_batch_entries_bucket{{{SEL}}}[{RATE}])))", "p50"),
-            (f"histogram_quantile(0.99, sum by (le) (rate(cairn_apply_batch_entries_bucket{{{SEL}}}[{RATE}])))", "p99"),
+            (f"histogram_quantile(0.5, sum by (le) (rate(cairn_raft_proposal_commands_bucket{{{SEL}}}[{RATE}])))", "writes per entry p50"),
+            (f"histogram_quantile(0.5, sum by (le) (rate(cairn_apply_batch_entries_bucket{{{SEL}}}[{RATE}])))", "entries per apply p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(cairn_apply_batch_entries_bucket{{{SEL}}}[{RATE}])))", "entries per apply p99"),
         ],
     ),
     dict(

@@ -25,6 +25,9 @@ pub use state_machine::StateMachine;
 /// Receives state-machine events, so the server can export metrics without this crate
 /// knowing about Prometheus.
 pub trait RaftObserver: Send + Sync + 'static {
+    /// The proposer submitted one log entry folding `commands` writes; `overlapping` when
+    /// another entry was still in flight (large writes pipelining).
+    fn proposed(&self, commands: usize, overlapping: bool);
     /// A batch of `entries` committed entries was applied in `elapsed`.
     fn applied(&self, entries: usize, elapsed: Duration);
     /// A snapshot was built.
@@ -38,6 +41,7 @@ pub trait RaftObserver: Send + Sync + 'static {
 pub struct NoObserver;
 
 impl RaftObserver for NoObserver {
+    fn proposed(&self, _commands: usize, _overlapping: bool) {}
     fn applied(&self, _entries: usize, _elapsed: Duration) {}
     fn snapshot_built(&self) {}
     fn snapshot_installed(&self) {}

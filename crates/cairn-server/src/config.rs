@@ -136,7 +136,9 @@ pub struct ServeArgs {
     pub snapshot_every_bytes: u64,
 
     /// Raft batch entries in flight: concurrent writes arriving meanwhile are folded into the
-    /// next entry. 1 batches the most; more overlaps disk and apply work.
+    /// next entry. Beyond the first, only batches of at least 64 KiB go while others are in
+    /// flight (large writes overlap disk and apply work; small ones batch the most). 1 turns
+    /// that overlap off.
     #[arg(long, env = "CAIRN_MAX_INFLIGHT_BATCHES", default_value_t = defaults::MAX_INFLIGHT_BATCHES)]
     pub max_inflight_batches: usize,
 

@@ -31,6 +31,10 @@ pub struct Metrics {
     pub subscriptions_active: IntGauge,
     /// Events delivered to subscribers.
     pub subscription_events: IntCounter,
+    /// Log entries the proposer submitted, by whether another was in flight.
+    pub raft_proposals: IntCounterVec,
+    /// Commands folded into one proposed entry.
+    pub raft_proposal_commands: Histogram,
     /// Raft proposal latency (propose → applied), seconds.
     pub raft_write_duration: Histogram,
     /// Entries per state-machine apply batch.
@@ -145,6 +149,22 @@ impl Metrics {
             subscription_events: reg!(IntCounter::new(
                 "cairn_subscription_events_sent_total",
                 "Events delivered to subscribers"
+            )?),
+            raft_proposals: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_raft_proposals_total",
+                    "Log entries proposed, by whether another was still in flight"
+                ),
+                &["overlapping"]
+            )?),
+            raft_proposal_commands: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "cairn_raft_proposal_commands",
+                    "Writes folded into one proposed log entry (group commit)"
+                )
+                .buckets(vec![
+                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0
+                ])
             )?),
             raft_write_duration: reg!(Histogram::with_opts(
                 HistogramOpts::new(
@@ -269,6 +289,13 @@ impl Metrics {
 }
 
 impl cairn_raft::RaftObserver for Metrics {
+    fn proposed(&self, commands: usize, overlapping: bool) {
+        self.raft_proposals
+            .with_label_values(&[if overlapping { "true" } else { "false" }])
+            .inc();
+        self.raft_proposal_commands.observe(commands as f64);
+    }
+
     fn applied(&self, entries: usize, elapsed: std::time::Duration) {
         self.apply_batch_entries.observe(entries as f64);
         self.apply_duration.observe(elapsed.as_secs_f64());

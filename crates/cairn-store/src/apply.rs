@@ -489,20 +489,29 @@ impl Pending {
         })
     }
 
-    /// Adds the posting-list rows to `batch` sorted by key. RocksDB's skiplist memtable
-    /// reuses the previous insert's search path, so sorted rows (many share a list, e.g.
-    /// every event's `eventType`) are inserted far more cheaply than in event order, where
-    /// each row starts a fresh search in a memtable of hundreds of thousands of rows. Keys are
-    /// unique, so the order changes nothing else.
+    /// Adds the posting-list rows to `batch` sorted by key, one row per list and write: the
+    /// events of one write that share a tag are adjacent once sorted (a write's positions are
+    /// contiguous and its rows share the commit), and become one row keyed by the first of
+    /// them (see [`keys::encode_row`]). RocksDB's skiplist memtable reuses the previous
+    /// insert's search path, so sorted rows are inserted far more cheaply than in event order,
+    /// where each row starts a fresh search in a memtable of hundreds of thousands of rows.
     fn write_tags(&mut self, batch: &mut WriteBatch, tags_cf: &rocksdb::ColumnFamily) {
         self.tag_rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut value = [0; keys::MAX_VARINT_BYTES];
-        for (key, prepare, commit) in self.tag_rows.drain(..) {
-            batch.put_cf(
-                tags_cf,
-                key,
-                keys::encode_commit(prepare, commit, &mut value),
-            );
+        let same_list = |a: &[u8], b: &[u8]| {
+            a.len() == b.len()
+                && a[..a.len() - keys::PREPARE_BYTES] == b[..b.len() - keys::PREPARE_BYTES]
+        };
+        let mut rows = self.tag_rows.drain(..).peekable();
+        let (mut later, mut value) = (Vec::new(), Vec::new());
+        while let Some((key, first, commit)) = rows.next() {
+            later.clear();
+            while let Some((_, member, _)) =
+                rows.next_if(|(next, _, c)| *c == commit && same_list(&key, next))
+            {
+                later.push(member);
+            }
+            keys::encode_row(first, commit, later.iter().copied(), &mut value);
+            batch.put_cf(tags_cf, key, &value);
         }
     }
 

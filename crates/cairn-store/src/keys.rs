@@ -57,19 +57,28 @@ fn varint(mut n: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
     &buf[..=len]
 }
 
-/// Reads a whole LEB128 value (nothing may follow it).
-fn read_varint(bytes: &[u8]) -> Option<u64> {
+/// Reads one LEB128 value off the front of `bytes`; returns it and what follows.
+fn split_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
     let mut n = 0u64;
     for (i, b) in bytes.iter().enumerate() {
-        if i >= MAX_VARINT_BYTES {
+        if i >= MAX_VARINT_BYTES || (i == MAX_VARINT_BYTES - 1 && *b > 1) {
+            // Longer than any u64, or a tenth byte carrying bits beyond the 64th.
             return None;
         }
         n |= u64::from(b & 0x7f) << (7 * i);
         if b & 0x80 == 0 {
-            return (i + 1 == bytes.len()).then_some(n);
+            return Some((n, &bytes[i + 1..]));
         }
     }
     None
+}
+
+/// Reads a whole LEB128 value (nothing may follow it).
+fn read_varint(bytes: &[u8]) -> Option<u64> {
+    match split_varint(bytes)? {
+        (n, []) => Some(n),
+        _ => None,
+    }
 }
 
 fn push_tag_part(k: &mut Vec<u8>, part: &str) {
@@ -130,18 +139,63 @@ pub fn prepare_suffix(key: &[u8]) -> Result<u64, StoreError> {
 /// Longest LEB128 encoding of a `u64`.
 pub const MAX_VARINT_BYTES: usize = 10;
 
-/// A posting-list row's value: the commit position, as its (small, positive) distance from
-/// the row's prepare position — one byte for writes of up to 127 events instead of eight.
-/// Written into `buf` (no allocation per row).
+/// A single-event posting-list row's value: the commit position, as its (small, positive)
+/// distance from the row's prepare position — one byte for writes of up to 127 events
+/// instead of eight. Written into `buf` (no allocation per row).
 pub fn encode_commit(prepare: u64, commit: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
     varint(commit - prepare, buf)
 }
 
-/// The commit position of a posting-list row.
+/// The commit position of a single-event posting-list row.
 pub fn decode_commit(prepare: u64, value: &[u8]) -> Result<u64, StoreError> {
     read_varint(value)
         .and_then(|delta| prepare.checked_add(delta))
         .ok_or_else(|| StoreError::corrupt("tags", "value is not a commit distance"))
+}
+
+/// A posting-list row's value when one write put several events into the list: the row is
+/// keyed by the first of them and its value is the commit distance (as for a single event)
+/// followed by the gap from each member to the next. A write of 100 events that share a tag
+/// thus costs one row instead of 100.
+/// Written into `value` (cleared first), so one buffer serves every row of a batch.
+pub fn encode_row(
+    first: u64,
+    commit: u64,
+    later: impl IntoIterator<Item = u64>,
+    value: &mut Vec<u8>,
+) {
+    value.clear();
+    let mut buf = [0; MAX_VARINT_BYTES];
+    value.extend_from_slice(varint(commit - first, &mut buf));
+    let mut previous = first;
+    for member in later {
+        value.extend_from_slice(varint(member - previous, &mut buf));
+        previous = member;
+    }
+}
+
+/// Decodes a posting-list row keyed by `first` into its members (ascending, `first`
+/// included) and returns the write's commit position.
+pub fn decode_row(first: u64, value: &[u8], members: &mut Vec<u64>) -> Result<u64, StoreError> {
+    let corrupt = || StoreError::corrupt("tags", "value is not a posting-list row");
+    let (distance, mut rest) = split_varint(value).ok_or_else(corrupt)?;
+    let commit = first.checked_add(distance).ok_or_else(corrupt)?;
+    members.clear();
+    members.push(first);
+    let mut previous = first;
+    while !rest.is_empty() {
+        let (gap, tail) = split_varint(rest).ok_or_else(corrupt)?;
+        previous = previous
+            .checked_add(gap)
+            .filter(|m| gap > 0 && *m < commit)
+            .ok_or_else(corrupt)?;
+        members.push(previous);
+        rest = tail;
+    }
+    if first >= commit {
+        return Err(corrupt());
+    }
+    Ok(commit)
 }
 
 /// `writes`: boundary id · commit.
@@ -309,6 +363,42 @@ mod tests {
         assert!(decode_commit(0, &[0x80]).is_err(), "unterminated");
         assert!(decode_commit(0, &[1, 1]).is_err(), "trailing bytes");
         assert!(decode_commit(u64::MAX, &[1]).is_err(), "overflow");
+    }
+
+    #[test]
+    fn rows_of_several_events_round_trip() {
+        let (mut members, mut value) = (Vec::new(), Vec::new());
+        encode_row(10, 110, [11, 12, 50, 109], &mut value);
+        assert_eq!(decode_row(10, &value, &mut members).expect("decodes"), 110);
+        assert_eq!(members, [10, 11, 12, 50, 109]);
+        // A single event's row is exactly its commit distance, as before rows were merged.
+        encode_row(7, 9, [], &mut value);
+        assert_eq!(value, encode_commit(7, 9, &mut [0; MAX_VARINT_BYTES]));
+        assert_eq!(decode_row(7, &value, &mut members).expect("decodes"), 9);
+        assert_eq!(members, [7]);
+        encode_row(
+            1 << 40,
+            (1 << 40) + 100_000,
+            [(1 << 40) + 99_999],
+            &mut value,
+        );
+        decode_row(1 << 40, &value, &mut members).expect("decodes");
+        assert_eq!(members, [1 << 40, (1 << 40) + 99_999]);
+        for bad in [
+            vec![],
+            vec![0x80],     // unterminated
+            vec![0],        // commit at the first member
+            vec![5, 0],     // a member repeated
+            vec![5, 5],     // a member at the commit position
+            vec![5, 0x80],  // unterminated gap
+            vec![0xff; 11], // longer than any u64
+        ] {
+            assert!(decode_row(10, &bad, &mut members).is_err(), "{bad:?}");
+        }
+        let overflow = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
+        assert!(decode_commit(0, &overflow).is_err(), "bits beyond the 64th");
+        let max = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(decode_commit(0, &max).expect("u64::MAX"), u64::MAX);
     }
 
     #[test]

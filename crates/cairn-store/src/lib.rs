@@ -63,7 +63,12 @@ pub const ALL_CFS: [&str; 7] = [
 /// 1: tag keys/values over 64 bytes are keyed by digest.
 /// 2: posting-list rows with a varint boundary id, one-byte part lengths and the commit as
 ///    a varint distance from the prepare position.
-pub const STORE_FORMAT: u32 = 2;
+/// 3: one posting-list row per list and write, holding every event of the write that
+///    carries the tag. A format-2 row is a valid one-event row, so format-2 directories are
+///    upgraded in place (only the marker changes).
+pub const STORE_FORMAT: u32 = 3;
+/// The oldest format [`check_format`] upgrades to [`STORE_FORMAT`] instead of refusing.
+const UPGRADABLE_FORMAT: u32 = 2;
 
 /// L0 files that trigger a compaction of the posting lists (RocksDB's default is 4).
 pub const TAGS_L0_COMPACTION_TRIGGER: i32 = 8;
@@ -275,6 +280,18 @@ fn check_format(db: &DB) -> Result<(), StoreError> {
             STORE_FORMAT
         }
     };
+    if (UPGRADABLE_FORMAT..STORE_FORMAT).contains(&found) {
+        let mut opts = rocksdb::WriteOptions::default();
+        opts.set_sync(true);
+        db.put_cf_opt(
+            meta_cf,
+            keys::meta::FORMAT,
+            catalog::encode_json(&STORE_FORMAT),
+            &opts,
+        )?;
+        tracing::info!("upgraded the storage format from {found} to {STORE_FORMAT}");
+        return Ok(());
+    }
     if found != STORE_FORMAT {
         return Err(StoreError::IncompatibleFormat {
             found,
@@ -428,6 +445,33 @@ mod tests {
         assert!(
             matches!(err, StoreError::IncompatibleFormat { found, supported }
                 if found == STORE_FORMAT + 1 && supported == STORE_FORMAT),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn format_two_is_upgraded_in_place_and_format_one_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let opts = StoreOptions::default();
+        let set_format = |format: u32| {
+            let store = Store::open(dir.path(), &opts).expect("open");
+            let cf = store.cf(CF_SM_META).expect("cf");
+            store
+                .db()
+                .put_cf(cf, keys::meta::FORMAT, catalog::encode_json(&format))
+                .expect("put");
+            store.flush().expect("flush");
+        };
+        set_format(2);
+        let store = Store::open(dir.path(), &opts).expect("format 2 opens");
+        let cf = store.cf(CF_SM_META).expect("cf");
+        let marker = store.db().get_cf(cf, keys::meta::FORMAT).expect("get");
+        assert_eq!(marker, Some(catalog::encode_json(&STORE_FORMAT)));
+        drop(store);
+        set_format(1);
+        let err = Store::open(dir.path(), &opts).expect_err("format 1");
+        assert!(
+            matches!(err, StoreError::IncompatibleFormat { found: 1, .. }),
             "{err}"
         );
     }

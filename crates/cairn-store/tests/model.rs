@@ -170,7 +170,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => {
             let spec = (
-                prop::collection::vec(prop::collection::vec(tag_strategy(), 0..4), 1..4),
+                prop::collection::vec(prop::collection::vec(tag_strategy(), 0..4), 1..8),
                 prop::collection::vec((query_strategy(1), position), 0..3),
             )
                 .prop_map(|(events, observations)| AppendSpec { events, observations })

@@ -242,12 +242,12 @@ impl Backlog {
 /// Commands folded so far into the next batch entry.
 #[derive(Default)]
 struct PendingBatch {
-    commands: Vec<(Command, Reply, usize)>,
+    commands: Vec<Queued>,
     bytes: usize,
 }
 
 impl PendingBatch {
-    fn push(&mut self, (command, reply, bytes): (Command, Reply, usize), backlog: &Backlog) {
+    fn push(&mut self, (command, reply, bytes): Queued, backlog: &Backlog) {
         backlog.take(bytes);
         self.bytes += bytes;
         self.commands.push((command, reply, bytes));

@@ -81,6 +81,10 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// Buckets of the batch-size histograms (writes per entry, entries per apply).
+const BATCH_SIZE_BUCKETS: [f64; 11] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
 /// Latency buckets from 100µs to 10s.
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -162,9 +166,7 @@ impl Metrics {
                     "cairn_raft_proposal_commands",
                     "Writes folded into one proposed log entry (group commit)"
                 )
-                .buckets(vec![
-                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0
-                ])
+                .buckets(BATCH_SIZE_BUCKETS.to_vec())
             )?),
             raft_write_duration: reg!(Histogram::with_opts(
                 HistogramOpts::new(
@@ -178,9 +180,7 @@ impl Metrics {
                     "cairn_apply_batch_entries",
                     "Committed log entries applied per state-machine batch"
                 )
-                .buckets(vec![
-                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0
-                ])
+                .buckets(BATCH_SIZE_BUCKETS.to_vec())
             )?),
             apply_duration: reg!(Histogram::with_opts(
                 HistogramOpts::new(

@@ -259,6 +259,19 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
     (db_opts, cfs)
 }
 
+/// Writes [`STORE_FORMAT`] as the database's format, synced.
+fn record_format(db: &DB, meta_cf: &rocksdb::ColumnFamily) -> Result<(), StoreError> {
+    let mut opts = rocksdb::WriteOptions::default();
+    opts.set_sync(true);
+    db.put_cf_opt(
+        meta_cf,
+        keys::meta::FORMAT,
+        catalog::encode_json(&STORE_FORMAT),
+        &opts,
+    )?;
+    Ok(())
+}
+
 /// Records [`STORE_FORMAT`] in a new database; refuses one written in another format, so a
 /// build never misreads keys it would encode differently.
 fn check_format(db: &DB) -> Result<(), StoreError> {
@@ -269,26 +282,12 @@ fn check_format(db: &DB) -> Result<(), StoreError> {
         Some(bytes) => catalog::decode_json::<u32>("format", &bytes)?,
         None if db.get_cf(meta_cf, keys::meta::APPLIED)?.is_some() => 0,
         None => {
-            let mut opts = rocksdb::WriteOptions::default();
-            opts.set_sync(true);
-            db.put_cf_opt(
-                meta_cf,
-                keys::meta::FORMAT,
-                catalog::encode_json(&STORE_FORMAT),
-                &opts,
-            )?;
+            record_format(db, meta_cf)?;
             STORE_FORMAT
         }
     };
     if (UPGRADABLE_FORMAT..STORE_FORMAT).contains(&found) {
-        let mut opts = rocksdb::WriteOptions::default();
-        opts.set_sync(true);
-        db.put_cf_opt(
-            meta_cf,
-            keys::meta::FORMAT,
-            catalog::encode_json(&STORE_FORMAT),
-            &opts,
-        )?;
+        record_format(db, meta_cf)?;
         tracing::info!("upgraded the storage format from {found} to {STORE_FORMAT}");
         return Ok(());
     }

@@ -6,57 +6,73 @@ use cairn_tests::*;
 use tokio::sync::Barrier;
 use tonic::Code;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn c3_sixteen_racers_on_one_context_exactly_one_wins_per_round() {
-    const CLIENTS: usize = 16;
-    const ROUNDS: usize = 20;
-    let server = TestServer::start().await;
-    let context = query(vec![criterion(&[("counter", "c1")])]);
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
+/// `n` connections as the admin user, each its own HTTP/2 connection.
+async fn racers(server: &TestServer, n: usize) -> Vec<Client> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
         clients.push(
             server
                 .new_connection(Credentials::basic("admin", "changeit"))
                 .await,
         );
     }
-    let mut observed = none_pos();
-    for round in 0..ROUNDS {
-        let barrier = Arc::new(Barrier::new(CLIENTS));
-        let mut tasks = Vec::new();
-        for (i, c) in clients.iter().enumerate() {
-            let mut c = c.clone();
-            let barrier = barrier.clone();
-            let obs = observe(context.clone(), observed);
-            tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                c.save(
-                    "default",
-                    vec![event(
-                        "Incremented",
-                        &format!(r#"{{"counter":"c1","by":{i}}}"#),
-                    )],
-                    vec![obs],
-                )
+    clients
+}
+
+/// One round: every client saves `events_of(its index)` under `observation` at the same
+/// moment. Losers must be refused with a CCC conflict; returns the winners' indexes and
+/// results.
+async fn race(
+    clients: &[Client],
+    observation: &pb::ConsistencyObservation,
+    events_of: impl Fn(usize) -> Vec<pb::EventToSave>,
+) -> Vec<(usize, pb::WriteResult)> {
+    let barrier = Arc::new(Barrier::new(clients.len()));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (mut c, barrier) = (c.clone(), barrier.clone());
+        let (observation, events) = (observation.clone(), events_of(i));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            c.save("default", events, vec![observation])
                 .await
-            }));
-        }
-        let mut winners = Vec::new();
-        for t in tasks {
-            match t.await.expect("task") {
-                Ok(r) => winners.push(r),
-                Err(status) => {
-                    assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
-                    assert!(
-                        status
-                            .message()
-                            .starts_with("OptimisticConcurrencyException")
-                    );
-                }
+                .map(|r| (i, r))
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(won) => winners.push(won),
+            Err(status) => {
+                assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+                assert!(
+                    status
+                        .message()
+                        .starts_with("OptimisticConcurrencyException")
+                );
             }
         }
+    }
+    winners
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn c3_sixteen_racers_on_one_context_exactly_one_wins_per_round() {
+    const ROUNDS: usize = 20;
+    let server = TestServer::start().await;
+    let context = query(vec![criterion(&[("counter", "c1")])]);
+    let clients = racers(&server, 16).await;
+    let mut observed = none_pos();
+    for round in 0..ROUNDS {
+        let winners = race(&clients, &observe(context.clone(), observed), |i| {
+            vec![event(
+                "Incremented",
+                &format!(r#"{{"counter":"c1","by":{i}}}"#),
+            )]
+        })
+        .await;
         assert_eq!(winners.len(), 1, "round {round}: exactly one commit");
-        observed = winners[0].log_position.expect("position");
+        observed = winners[0].1.log_position.expect("position");
     }
     let all = server.client().read_all("default").await;
     assert_eq!(all.len(), ROUNDS, "one event per round, nothing else");
@@ -204,48 +220,25 @@ fn sample(exposition: &str, series: &str) -> f64 {
 /// the same observation, exactly one wins per round and its events land together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn c3_large_racers_pipeline_and_still_exactly_one_wins_per_round() {
-    const CLIENTS: usize = 8;
     const ROUNDS: usize = 10;
     const EVENTS_PER_WRITE: usize = 100;
     let server = TestServer::start().await;
     let context = query(vec![criterion(&[("ledger", "big")])]);
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        clients.push(
-            server
-                .new_connection(Credentials::basic("admin", "changeit"))
-                .await,
-        );
-    }
+    let clients = racers(&server, 8).await;
     let padding = "p".repeat(1000);
     let mut observed = none_pos();
     for round in 0..ROUNDS {
-        let barrier = Arc::new(Barrier::new(CLIENTS));
-        let mut tasks = Vec::new();
-        for (i, c) in clients.iter().enumerate() {
-            let mut c = c.clone();
-            let barrier = barrier.clone();
-            let obs = observe(context.clone(), observed);
-            let events: Vec<_> = (0..EVENTS_PER_WRITE)
+        let winners = race(&clients, &observe(context.clone(), observed), |i| {
+            (0..EVENTS_PER_WRITE)
                 .map(|n| {
                     event(
                         "Posted",
                         &format!(r#"{{"ledger":"big","racer":{i},"n":{n},"pad":"{padding}"}}"#),
                     )
                 })
-                .collect();
-            tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                c.save("default", events, vec![obs]).await.map(|r| (i, r))
-            }));
-        }
-        let mut winners = Vec::new();
-        for t in tasks {
-            match t.await.expect("task") {
-                Ok(won) => winners.push(won),
-                Err(status) => assert_eq!(status.code(), Code::AlreadyExists, "{status:?}"),
-            }
-        }
+                .collect()
+        })
+        .await;
         assert_eq!(winners.len(), 1, "round {round}: exactly one commit");
         observed = winners[0].1.log_position.expect("position");
     }

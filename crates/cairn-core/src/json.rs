@@ -15,12 +15,12 @@ use crate::limits::MAX_NUMBER_EXPANSION;
 pub const EVENT_TYPE_KEY: &str = "eventType";
 
 /// A parsed JSON object payload.
-pub type Object = Map<String, Value>;
+type Object = Map<String, Value>;
 
 /// Parses `data`/`metadata` text (E2): empty or `null` means `{}`; anything else must be a
 /// JSON object. `what` names the field for the error message (e.g. "event 3 data").
-pub fn parse_object(text: &str, what: &dyn Fn() -> String) -> Result<Object, Error> {
-    let trimmed = text.trim_matches(|c: char| c.is_ascii_whitespace());
+fn parse_object(text: &str, what: &dyn Fn() -> String) -> Result<Object, Error> {
+    let trimmed = trim_payload(text);
     if trimmed.is_empty() {
         return Ok(Object::new());
     }
@@ -49,26 +49,19 @@ fn kind(v: &Value) -> &'static str {
 }
 
 /// Compact JSON text of an object.
-pub fn to_text(obj: &Object) -> String {
+fn to_text(obj: &Object) -> String {
     // Serialising a Map<String, Value> cannot fail: keys are strings, no custom Serialize.
     serde_json::to_string(obj).unwrap_or_else(|_| "{}".to_string())
 }
 
 /// The scalar text of a value for matching (Q3), or `None` for null, objects and arrays.
-pub fn scalar_text(value: &Value) -> Option<String> {
+fn scalar_text(value: &Value) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
         Value::Bool(b) => Some(if *b { "true" } else { "false" }.to_string()),
         Value::Number(n) => Some(number_text(&n.to_string())),
         Value::Null | Value::Array(_) | Value::Object(_) => None,
     }
-}
-
-/// The tag set of an event, consuming its data: every top-level scalar plus `eventType`
-/// (E3, X2), sorted by key. Taking the object by value moves string values into their tags
-/// instead of copying payload text once more.
-pub fn into_scalars(data: Object, event_type: &str) -> Vec<(String, String)> {
-    tag_set(object_scalars(data), event_type)
 }
 
 /// Adds `eventType` to an event's top-level scalars (which must not hold it) and sorts them
@@ -80,10 +73,10 @@ pub fn tag_set(mut scalars: Vec<(String, String)>, event_type: &str) -> Vec<(Str
     scalars
 }
 
-/// Every top-level scalar of an object but `eventType`, in the object's order.
+/// Every top-level scalar of an object, in the object's order. Taking the object by value
+/// moves string values into their tags instead of copying payload text once more.
 fn object_scalars(data: Object) -> Vec<(String, String)> {
     data.into_iter()
-        .filter(|(k, _)| k != EVENT_TYPE_KEY)
         .filter_map(|(k, v)| match v {
             Value::String(s) => Some((k, s)),
             other => scalar_text(&other).map(|t| (k, t)),
@@ -385,8 +378,13 @@ mod tests {
         let obj = parse_object(text, &what).expect("valid");
         assert_eq!(to_text(&obj), text);
         // serde_json spells an exponent with its sign; the value (and its tag) is unchanged.
-        let obj = parse_object(r#"{"big":9223372036854775807,"e":1e10}"#, &what).expect("valid");
-        let s: BTreeMap<_, _> = into_scalars(obj, "T").into_iter().collect();
+        let data = canonicalize(
+            r#"{"big":9223372036854775807,"e":1e10}"#,
+            Payload::Data,
+            &what,
+        )
+        .expect("valid");
+        let s: BTreeMap<_, _> = tag_set(data.scalars, "T").into_iter().collect();
         assert_eq!(s["big"], "9223372036854775807");
         assert_eq!(s["e"], "10000000000");
         assert_eq!(s[EVENT_TYPE_KEY], "T");
@@ -394,12 +392,13 @@ mod tests {
 
     #[test]
     fn scalar_matching_rules() {
-        let obj = parse_object(
+        let data = canonicalize(
             r#"{"s":"42","n":42,"b":true,"z":null,"o":{"a":1},"a":[1],"eventType":"Spoof"}"#,
+            Payload::Data,
             &|| "d".to_string(),
         )
         .expect("valid");
-        let s: BTreeMap<_, _> = into_scalars(obj, "Real").into_iter().collect();
+        let s: BTreeMap<_, _> = tag_set(data.scalars, "Real").into_iter().collect();
         assert_eq!(s["s"], "42");
         assert_eq!(s["n"], "42");
         assert_eq!(s["b"], "true");

@@ -242,7 +242,7 @@ impl Backlog {
 /// Commands folded so far into the next batch entry.
 #[derive(Default)]
 struct PendingBatch {
-    commands: Vec<Queued>,
+    commands: Vec<(Command, Reply)>,
     bytes: usize,
 }
 
@@ -250,7 +250,7 @@ impl PendingBatch {
     fn push(&mut self, (command, reply, bytes): Queued, backlog: &Backlog) {
         backlog.take(bytes);
         self.bytes += bytes;
-        self.commands.push((command, reply, bytes));
+        self.commands.push((command, reply));
     }
 
     fn is_full(&self) -> bool {
@@ -327,6 +327,21 @@ async fn run_proposer(
     }
 }
 
+/// A proposed batch's in-flight slot. Dropping it frees the slot, then wakes the proposer,
+/// whichever way the batch ends.
+struct InFlightSlot {
+    permit: Option<OwnedSemaphorePermit>,
+    finished: Arc<Notify>,
+}
+
+impl Drop for InFlightSlot {
+    fn drop(&mut self) {
+        // The slot must be free before the proposer looks at it again.
+        drop(self.permit.take());
+        self.finished.notify_one();
+    }
+}
+
 /// Submits one batch entry; a spawned task hands out the outcomes once it is applied, then
 /// frees its in-flight slot.
 async fn propose(
@@ -335,12 +350,12 @@ async fn propose(
     permit: OwnedSemaphorePermit,
     finished: &Arc<Notify>,
 ) {
+    let slot = InFlightSlot {
+        permit: Some(permit),
+        finished: finished.clone(),
+    };
     let batched = batch.commands.len() > 1;
-    let (commands, replies): (Vec<Command>, Vec<Reply>) = batch
-        .commands
-        .into_iter()
-        .map(|(command, reply, _)| (command, reply))
-        .unzip();
+    let (commands, replies): (Vec<Command>, Vec<Reply>) = batch.commands.into_iter().unzip();
     let command = if batched {
         Command::Batch(commands)
     } else {
@@ -351,21 +366,18 @@ async fn propose(
     };
     match raft.client_write_ff(command).await {
         Ok(pending) => {
-            let finished = finished.clone();
             tokio::spawn(async move {
                 let result = match pending.await {
                     Ok(Ok(response)) => Ok(response),
                     Ok(Err(e)) => Err(write_error(&OpenRaftError::APIError(e))),
                     Err(_) => Err(RaftError::Fatal("raft dropped a proposal".to_string())),
                 };
-                drop(permit);
-                finished.notify_one();
+                drop(slot);
                 distribute(result, replies, batched);
             });
         }
         Err(fatal) => {
-            drop(permit);
-            finished.notify_one();
+            drop(slot);
             distribute(Err(RaftError::Fatal(fatal.to_string())), replies, batched);
         }
     }

@@ -73,14 +73,6 @@ fn split_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
     None
 }
 
-/// Reads a whole LEB128 value (nothing may follow it).
-fn read_varint(bytes: &[u8]) -> Option<u64> {
-    match split_varint(bytes)? {
-        (n, []) => Some(n),
-        _ => None,
-    }
-}
-
 fn push_tag_part(k: &mut Vec<u8>, part: &str) {
     if part.len() > MAX_VERBATIM_TAG_BYTES {
         k.push(DIGEST_MARKER);
@@ -139,24 +131,13 @@ pub fn prepare_suffix(key: &[u8]) -> Result<u64, StoreError> {
 /// Longest LEB128 encoding of a `u64`.
 pub const MAX_VARINT_BYTES: usize = 10;
 
-/// A single-event posting-list row's value: the commit position, as its (small, positive)
-/// distance from the row's prepare position — one byte for writes of up to 127 events
-/// instead of eight. Written into `buf` (no allocation per row).
-pub fn encode_commit(prepare: u64, commit: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
-    varint(commit - prepare, buf)
-}
-
-/// The commit position of a single-event posting-list row.
-pub fn decode_commit(prepare: u64, value: &[u8]) -> Result<u64, StoreError> {
-    read_varint(value)
-        .and_then(|delta| prepare.checked_add(delta))
-        .ok_or_else(|| StoreError::corrupt("tags", "value is not a commit distance"))
-}
-
-/// A posting-list row's value when one write put several events into the list: the row is
-/// keyed by the first of them and its value is the commit distance (as for a single event)
-/// followed by the gap from each member to the next. A write of 100 events that share a tag
-/// thus costs one row instead of 100.
+/// A posting-list row's value. The row holds the events of one write that carry the tag and
+/// is keyed by the first of them; its value is the write's commit position as its (small,
+/// positive) distance from that first prepare — one byte for writes of up to 127 events —
+/// followed by the gap from each further member to the next. A write of 100 events that
+/// share a tag thus costs one row instead of 100, and a one-event row is just the commit
+/// distance (format 2's row).
+///
 /// Written into `value` (cleared first), so one buffer serves every row of a batch.
 pub fn encode_row(
     first: u64,
@@ -353,16 +334,29 @@ mod tests {
 
     #[test]
     fn commit_distances_round_trip() {
+        let (mut members, mut value) = (Vec::new(), Vec::new());
         for (prepare, commit) in [(0, 1), (5, 105), (7, 7 + 127), (7, 7 + 128), (0, u64::MAX)] {
-            let mut buf = [0; MAX_VARINT_BYTES];
-            let v = encode_commit(prepare, commit, &mut buf);
-            assert_eq!(decode_commit(prepare, v).expect("decodes"), commit);
+            encode_row(prepare, commit, [], &mut value);
+            assert_eq!(
+                decode_row(prepare, &value, &mut members).expect("decodes"),
+                commit
+            );
         }
-        assert_eq!(encode_commit(10, 11, &mut [0; MAX_VARINT_BYTES]), [1]);
-        assert!(decode_commit(0, &[]).is_err());
-        assert!(decode_commit(0, &[0x80]).is_err(), "unterminated");
-        assert!(decode_commit(0, &[1, 1]).is_err(), "trailing bytes");
-        assert!(decode_commit(u64::MAX, &[1]).is_err(), "overflow");
+        encode_row(10, 11, [], &mut value);
+        assert_eq!(value, [1]);
+        assert!(decode_row(0, &[], &mut members).is_err());
+        assert!(
+            decode_row(0, &[0x80], &mut members).is_err(),
+            "unterminated"
+        );
+        assert!(
+            decode_row(0, &[1, 1], &mut members).is_err(),
+            "trailing bytes"
+        );
+        assert!(
+            decode_row(u64::MAX, &[1], &mut members).is_err(),
+            "overflow"
+        );
     }
 
     #[test]
@@ -373,7 +367,7 @@ mod tests {
         assert_eq!(members, [10, 11, 12, 50, 109]);
         // A single event's row is exactly its commit distance, as before rows were merged.
         encode_row(7, 9, [], &mut value);
-        assert_eq!(value, encode_commit(7, 9, &mut [0; MAX_VARINT_BYTES]));
+        assert_eq!(value, [2]);
         assert_eq!(decode_row(7, &value, &mut members).expect("decodes"), 9);
         assert_eq!(members, [7]);
         encode_row(
@@ -396,9 +390,15 @@ mod tests {
             assert!(decode_row(10, &bad, &mut members).is_err(), "{bad:?}");
         }
         let overflow = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
-        assert!(decode_commit(0, &overflow).is_err(), "bits beyond the 64th");
+        assert!(
+            decode_row(0, &overflow, &mut members).is_err(),
+            "bits beyond the 64th"
+        );
         let max = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
-        assert_eq!(decode_commit(0, &max).expect("u64::MAX"), u64::MAX);
+        assert_eq!(
+            decode_row(0, &max, &mut members).expect("u64::MAX"),
+            u64::MAX
+        );
     }
 
     #[test]

@@ -5,7 +5,19 @@ CARGO ?= cargo
 # Keep the build outside the clone if you like: CARGO_TARGET_DIR=/var/tmp/cairn-target make test
 export CARGO_TARGET_DIR ?= target
 
-.PHONY: help deps run test verify fix bench-build
+# Every target builds with the release profile, so `make run`, `make test` and `make verify`
+# share ONE optimised build of the dependencies (RocksDB's C++ takes most of a cold build;
+# a second profile would compile it a second time). The tests keep what a debug build
+# guards: Cairn's own crates get overflow checks and debug assertions, the dependencies keep
+# release settings (changing theirs would rebuild them).
+PROFILE := --release
+CHECKED := $(PROFILE) \
+	--config 'profile.release.overflow-checks=true' \
+	--config 'profile.release.debug-assertions=true' \
+	--config 'profile.release.package."*".overflow-checks=false' \
+	--config 'profile.release.package."*".debug-assertions=false'
+
+.PHONY: help deps run build test test-real-servers verify fix
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -14,15 +26,21 @@ deps: ## Install or name missing system packages (libclang for RocksDB's bindgen
 	@scripts/ensure-deps.sh
 
 run: deps ## Build (release) and run a one-node Cairn on :5005 with data in ./data
-	$(CARGO) run --release --bin cairn -- serve
+	$(CARGO) run $(PROFILE) --bin cairn -- serve
 
-test: deps ## Run the whole test suite
-	$(CARGO) test --workspace
+build: deps ## Build the release binaries (cairn, cairn-bench) into $CARGO_TARGET_DIR/release
+	$(CARGO) build $(PROFILE) --bins
+
+test: deps ## Run the whole test suite (release build with overflow checks and debug assertions)
+	$(CARGO) test $(CHECKED) --workspace
+
+test-real-servers: deps ## The suites that need real servers (CAIRN_SHARED_TOOLS: Prometheus)
+	$(CARGO) test $(CHECKED) -p cairn-tests --test contract -- --ignored
 
 verify: deps ## Read-only checks: formatting and lints
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy $(CHECKED) --workspace --all-targets -- -D warnings
 
 fix: deps ## Apply formatting and automatic lint fixes
 	$(CARGO) fmt --all
-	$(CARGO) clippy --workspace --all-targets --fix --allow-dirty -- -D warnings
+	$(CARGO) clippy $(CHECKED) --workspace --all-targets --fix --allow-dirty -- -D warnings

@@ -5,22 +5,38 @@ use serde::{Deserialize, Serialize};
 use crate::limits::MAX_NAME_LEN;
 use crate::{Error, Position};
 
-/// Checks an identifier: 1–63 ASCII chars matching `^[A-Za-z_][A-Za-z0-9_]*$` (B1).
-pub fn validate_identifier(name: &str, what: &str) -> Result<(), Error> {
+/// True for 1–63 ASCII chars matching `^[A-Za-z_][A-Za-z0-9_]*$` (B1, I1).
+fn is_identifier(name: &str) -> bool {
     let mut bytes = name.bytes();
-    let ok = match bytes.next() {
+    match bytes.next() {
         Some(first) => {
             (first.is_ascii_alphabetic() || first == b'_')
                 && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
                 && name.len() <= MAX_NAME_LEN
         }
         None => false,
-    };
-    if ok {
+    }
+}
+
+/// Checks an identifier such as an index name (I1).
+pub fn validate_identifier(name: &str, what: &str) -> Result<(), Error> {
+    if is_identifier(name) {
         Ok(())
     } else {
         Err(Error::invalid(format!(
             "{what} {name:?} is invalid: use 1-{MAX_NAME_LEN} characters matching ^[A-Za-z_][A-Za-z0-9_]*$"
+        )))
+    }
+}
+
+/// Checks a boundary name (B1). Every call that takes a boundary checks it first, before
+/// the catalog is consulted, with the message Orisun clients know ("invalid boundary …").
+pub fn validate_boundary_name(name: &str) -> Result<(), Error> {
+    if is_identifier(name) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "invalid boundary {name:?}: use 1-{MAX_NAME_LEN} characters matching ^[A-Za-z_][A-Za-z0-9_]*$"
         )))
     }
 }
@@ -66,7 +82,7 @@ pub struct BoundaryInfo {
     pub definition_position: Position,
     /// Catalog position of the latest status change.
     pub status_position: Position,
-    /// Events are indexed by id for idempotent retries (X1).
+    /// Reserved for idempotent retries by event id (X1), not implemented yet: always false.
     pub idempotent_event_ids: bool,
 }
 
@@ -81,6 +97,9 @@ mod tests {
         }
         for bad in ["", "1a", "a-b", "a b", "é", &"x".repeat(64), "a.b"] {
             assert!(validate_identifier(bad, "boundary").is_err(), "{bad}");
+            let message = validate_boundary_name(bad).expect_err(bad).to_string();
+            assert!(message.starts_with("invalid boundary "), "{message}");
         }
+        assert!(validate_boundary_name("orisun_admin").is_ok());
     }
 }

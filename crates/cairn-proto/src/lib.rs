@@ -18,7 +18,11 @@ pub mod cairn_v1 {
     tonic::include_proto!("cairn.v1");
 }
 
-/// Encoded `FileDescriptorSet` of every service, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
+/// Encoded `FileDescriptorSet` of the Orisun services (client port reflection).
+pub const ORISUN_FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/orisun_descriptor.bin"));
+/// Encoded `FileDescriptorSet` of Cairn's own services (peer port reflection).
+pub const CAIRN_FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
 
 pub use status::{from_status, to_status};

@@ -2,7 +2,7 @@
 
 use cairn_core::Error;
 use cairn_core::auth::{Role, UserRecord};
-use cairn_core::boundary::validate_identifier;
+use cairn_core::boundary::validate_boundary_name;
 use cairn_core::command::{Applied, Command};
 use cairn_core::limits::{MAX_PASSWORD_BYTES, MAX_USERNAME_BYTES};
 use cairn_proto::convert::{boundary_to_wire, placement_from_wire, user_to_wire};
@@ -12,7 +12,7 @@ use cairn_proto::to_status;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Principal, hash_password};
-use crate::event_store::node_of;
+use crate::rpc::{node_of, reply};
 use crate::state::{NodeState, Ready, unix_nanos};
 
 /// The Admin service.
@@ -33,11 +33,11 @@ fn principal<T>(request: &Request<T>) -> Result<Principal, Status> {
         .extensions()
         .get::<Principal>()
         .cloned()
-        .ok_or_else(|| Status::unauthenticated("request was not authenticated"))
-}
-
-fn reply<T>(result: Result<T, Error>) -> Result<Response<T>, Status> {
-    result.map(Response::new).map_err(to_status)
+        .ok_or_else(|| {
+            to_status(Error::Unauthenticated(
+                "request was not authenticated".to_string(),
+            ))
+        })
 }
 
 fn parse_roles(roles: &[String]) -> Result<Vec<Role>, Error> {
@@ -118,7 +118,7 @@ impl Admin for AdminService {
         let node = node_of(&self.ready)?;
         let req = request.into_inner();
         let result = async {
-            validate_identifier(&req.name, "boundary name")?;
+            validate_boundary_name(&req.name)?;
             let applied = node
                 .execute(Command::CreateBoundary {
                     name: req.name,
@@ -157,14 +157,13 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::GetBoundaryResponse>, Status> {
         let node = node_of(&self.ready)?;
         let name = request.into_inner().name;
-        let found = node
-            .store()
-            .with_catalog(|c| c.boundaries.get(&name).map(boundary_to_wire));
-        reply(
-            found
+        let result = validate_boundary_name(&name).and_then(|()| {
+            node.store()
+                .with_catalog(|c| c.boundaries.get(&name).map(boundary_to_wire))
                 .map(|b| pb::GetBoundaryResponse { boundary: Some(b) })
-                .ok_or_else(|| Error::NotFound(format!("boundary \"{name}\" not found"))),
-        )
+                .ok_or_else(|| Error::NotFound(format!("boundary \"{name}\" not found")))
+        });
+        reply(result)
     }
 
     async fn create_user(

@@ -27,6 +27,8 @@ use cairn_store::Store;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
+use crate::methods::Access;
+
 /// Response/request header carrying a session token.
 pub const TOKEN_HEADER: &str = "x-auth-token";
 /// Basic credentials verified recently, remembered to spare argon2 on every request.
@@ -79,36 +81,19 @@ impl Principal {
     }
 }
 
-/// Roles a gRPC method needs (A3); `None` = any authenticated user.
+/// Roles a gRPC method needs (A3); `None` = any authenticated user (unknown paths too:
+/// they are authenticated, then answered UNIMPLEMENTED).
 pub fn required_roles(path: &str) -> Option<&'static [Role]> {
-    const WRITERS: &[Role] = &[Role::Admin, Role::Operations];
-    const ADMINS: &[Role] = &[Role::Admin];
-    let method = path.rsplit('/').next().unwrap_or_default();
-    let service = path
-        .trim_start_matches('/')
-        .split('/')
-        .next()
-        .unwrap_or_default();
-    match (service, method) {
-        ("orisun.EventStore", "SaveEvents" | "SaveEventsV2") => Some(WRITERS),
-        ("orisun.EventStore", "CreateIndex" | "DropIndex") => Some(ADMINS),
-        ("orisun.EventStore", "ListIndexes" | "GetIndex") => Some(WRITERS),
-        (
-            "orisun.Admin",
-            "CreateBoundary"
-            | "CreateUser"
-            | "DeleteUser"
-            | "ListUsers"
-            | "ValidateCredentials"
-            | "GetUserCount",
-        ) => Some(ADMINS),
-        _ => None,
+    match crate::methods::lookup(path)?.access {
+        Access::Roles(roles) => Some(roles),
+        Access::Public | Access::AnyUser => None,
     }
 }
 
-/// True for methods served without credentials (A1).
+/// True for methods served without credentials (A1: health; reflection, whose schema is
+/// the public protocol).
 pub fn is_public(path: &str) -> bool {
-    path.starts_with("/grpc.health.v1.Health/")
+    crate::methods::lookup(path).is_some_and(|m| m.access == Access::Public)
 }
 
 /// Hashes a password (argon2id, random salt). CPU-heavy: call from `spawn_blocking`.
@@ -421,7 +406,11 @@ mod tests {
         assert_eq!(required_roles("/orisun.EventStore/GetEvents"), None);
         assert_eq!(required_roles("/orisun.Admin/ChangePassword"), None);
         assert!(is_public("/grpc.health.v1.Health/Check"));
+        assert!(is_public(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+        ));
         assert!(!is_public("/orisun.EventStore/Ping"));
+        assert!(!is_public("/grpc.health.v1.Health/Unknown"));
     }
 
     fn store_with_user() -> (tempfile::TempDir, Store, Principal) {

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cairn_core::boundary::validate_identifier;
+use cairn_core::boundary::validate_boundary_name;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// Smallest accepted `--snapshot-every-bytes`.
@@ -27,6 +27,8 @@ pub mod defaults {
     pub const HTTP_LISTEN: &str = "0.0.0.0:9464";
     /// Boundaries created at start-up.
     pub const BOUNDARIES: &str = "default";
+    /// The admin boundary, always present (B5); Orisun's default name.
+    pub const ADMIN_BOUNDARY: &str = "orisun_admin";
     /// Bootstrap admin user name.
     pub const ADMIN_USERNAME: &str = "admin";
     /// Bootstrap admin password: a warning is logged while it is in use.
@@ -101,6 +103,12 @@ pub struct ServeArgs {
     /// Comma-separated boundaries to create at start-up if missing.
     #[arg(long, env = "CAIRN_BOUNDARIES", default_value = defaults::BOUNDARIES, value_delimiter = ',')]
     pub boundaries: Vec<String>,
+
+    /// The admin boundary, created at start-up and always ACTIVE: stock Orisun clients read
+    /// it in their start-up health check (Orisun's ORISUN_ADMIN_BOUNDARY). Cairn keeps its
+    /// own catalog elsewhere, so it holds only what clients write to it.
+    #[arg(long, env = "CAIRN_ADMIN_BOUNDARY", default_value = defaults::ADMIN_BOUNDARY)]
+    pub admin_boundary: String,
 
     /// User name of the bootstrap ADMIN user (created when no user has that name).
     #[arg(long, env = "CAIRN_ADMIN_USERNAME", default_value = defaults::ADMIN_USERNAME)]
@@ -180,6 +188,8 @@ pub struct ServeConfig {
     pub http_listen: SocketAddr,
     /// Boundaries to ensure at start-up.
     pub boundaries: Vec<String>,
+    /// The admin boundary (B5), also ensured at start-up.
+    pub admin_boundary: String,
     /// Bootstrap admin name.
     pub admin_username: String,
     /// Bootstrap admin password.
@@ -229,9 +239,11 @@ impl ServeArgs {
         boundaries.sort();
         boundaries.dedup();
         for b in &boundaries {
-            validate_identifier(b, "boundary")
-                .map_err(|e| ConfigError(format!("--boundaries: {e}")))?;
+            validate_boundary_name(b).map_err(|e| ConfigError(format!("--boundaries: {e}")))?;
         }
+        let admin_boundary = self.admin_boundary.trim().to_string();
+        validate_boundary_name(&admin_boundary)
+            .map_err(|e| ConfigError(format!("--admin-boundary: {e}")))?;
         if self.admin_username.is_empty() {
             return Err(ConfigError("--admin-username must not be empty".into()));
         }
@@ -274,6 +286,7 @@ impl ServeArgs {
             listen: self.listen,
             http_listen: self.http_listen,
             boundaries,
+            admin_boundary,
             admin_username: self.admin_username,
             admin_password: self.admin_password,
             node_id: self.node_id,
@@ -301,6 +314,7 @@ impl ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             boundaries: vec![defaults::BOUNDARIES.to_string()],
+            admin_boundary: defaults::ADMIN_BOUNDARY.to_string(),
             admin_username: defaults::ADMIN_USERNAME.to_string(),
             admin_password: defaults::ADMIN_PASSWORD.to_string(),
             node_id: defaults::NODE_ID,
@@ -338,6 +352,7 @@ mod tests {
         assert_eq!(c.listen.to_string(), "0.0.0.0:5005");
         assert_eq!(c.http_listen.to_string(), "0.0.0.0:9464");
         assert_eq!(c.boundaries, vec!["default"]);
+        assert_eq!(c.admin_boundary, "orisun_admin");
         assert_eq!(c.admin_username, "admin");
         assert_eq!(c.data_dir, PathBuf::from("./data"));
     }
@@ -347,6 +362,13 @@ mod tests {
         let c = parse(&["--boundaries", "b,a,b"]).expect("valid");
         assert_eq!(c.boundaries, vec!["a", "b"]);
         assert!(parse(&["--boundaries", "1bad"]).is_err());
+        assert!(parse(&["--admin-boundary", "9bad-name"]).is_err());
+        assert_eq!(
+            parse(&["--admin-boundary", "ops"])
+                .expect("valid")
+                .admin_boundary,
+            "ops"
+        );
         assert!(parse(&["--node-id", "0"]).is_err());
     }
 

@@ -1,7 +1,6 @@
 //! `orisun.EventStore`: writes with CCC, reads, subscriptions, indexes, info.
 
-use std::sync::Arc;
-
+use cairn_core::boundary::validate_boundary_name;
 use cairn_core::command::{Append, Applied, Command};
 use cairn_core::event::validate_events;
 use cairn_core::limits::MAX_READ_COUNT;
@@ -19,6 +18,7 @@ use cairn_proto::to_status;
 use cairn_store::{Direction, ReadStart};
 use tonic::{Request, Response, Status};
 
+use crate::rpc::{node_of, reply};
 use crate::state::{NodeState, Ready, unix_nanos};
 use crate::subscription;
 
@@ -46,14 +46,6 @@ impl EventStoreService {
     pub fn new(ready: Ready) -> Self {
         EventStoreService { ready }
     }
-}
-
-/// The node, or UNAVAILABLE while it starts.
-pub(crate) fn node_of(ready: &Ready) -> Result<Arc<NodeState>, Status> {
-    ready
-        .get()
-        .cloned()
-        .ok_or_else(|| Status::unavailable("node is starting: storage or raft not ready yet"))
 }
 
 fn note_boundary(name: &str) {
@@ -190,10 +182,6 @@ async fn write_context(
     }
 }
 
-fn reply<T>(result: Result<T, Error>) -> Result<Response<T>, Status> {
-    result.map(Response::new).map_err(to_status)
-}
-
 #[tonic::async_trait]
 impl EventStore for EventStoreService {
     async fn save_events(
@@ -225,6 +213,7 @@ impl EventStore for EventStoreService {
     ) -> Result<Response<pb::WriteResult>, Status> {
         let node = node_of(&self.ready)?;
         let req = request.into_inner();
+        validate_boundary_name(&req.boundary).map_err(to_status)?;
         let observations = req
             .consistency
             .into_iter()

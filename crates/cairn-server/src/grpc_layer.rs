@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use crate::auth::{TOKEN_HEADER, is_public, required_roles};
 use crate::metrics::{Metrics, RequestTimer, method_label};
+use crate::rpc::NODE_STARTING;
 use crate::state::Ready;
 
 /// Layer producing [`GrpcMiddleware`].
@@ -106,8 +107,8 @@ where
                 }
                 let Some(node) = ready.get().cloned() else {
                     timer.set_code(Code::Unavailable);
-                    return Ok(status_response(tonic::Status::unavailable(
-                        "node is starting: storage or raft not ready yet",
+                    return Ok(status_response(cairn_proto::to_status(
+                        cairn_core::Error::Unavailable(NODE_STARTING.to_string()),
                     )));
                 };
                 tracing::Span::current().record("node_id", node.raft.node_id());

@@ -310,43 +310,10 @@ impl cairn_raft::RaftObserver for Metrics {
     }
 }
 
-/// Known gRPC methods, so that the method label has bounded cardinality whatever paths
-/// clients send.
-const KNOWN_METHODS: &[&str] = &[
-    "/orisun.EventStore/SaveEvents",
-    "/orisun.EventStore/SaveEventsV2",
-    "/orisun.EventStore/GetWriteContext",
-    "/orisun.EventStore/GetEvents",
-    "/orisun.EventStore/GetLatestByCriteria",
-    "/orisun.EventStore/CatchUpSubscribeToEvents",
-    "/orisun.EventStore/Ping",
-    "/orisun.EventStore/GetServerInfo",
-    "/orisun.EventStore/CreateIndex",
-    "/orisun.EventStore/DropIndex",
-    "/orisun.EventStore/ListIndexes",
-    "/orisun.EventStore/GetIndex",
-    "/orisun.Admin/CreateBoundary",
-    "/orisun.Admin/ListBoundaries",
-    "/orisun.Admin/GetBoundary",
-    "/orisun.Admin/CreateUser",
-    "/orisun.Admin/DeleteUser",
-    "/orisun.Admin/ChangePassword",
-    "/orisun.Admin/ListUsers",
-    "/orisun.Admin/ValidateCredentials",
-    "/orisun.Admin/GetUserCount",
-    "/orisun.Admin/GetEventCount",
-    "/grpc.health.v1.Health/Check",
-    "/grpc.health.v1.Health/Watch",
-    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-];
-
-/// The method label of a request path: `Service/Method` for known methods, else `unknown`.
+/// The method label of a request path: `Service/Method` for served methods, else
+/// `unknown`, so the label has bounded cardinality whatever paths clients send.
 pub fn method_label(path: &str) -> &'static str {
-    KNOWN_METHODS
-        .iter()
-        .find(|m| **m == path)
-        .map_or("unknown", |m| m.trim_start_matches('/'))
+    crate::methods::lookup(path).map_or("unknown", |m| m.path.trim_start_matches('/'))
 }
 
 /// Records one request's duration and code when dropped (an unfinished timer counts as

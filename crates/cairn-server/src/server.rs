@@ -100,7 +100,13 @@ async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// Idempotent start-up writes: the token key, the bootstrap admin, configured boundaries.
+/// Description of the admin boundary in the catalog.
+const ADMIN_BOUNDARY_DESCRIPTION: &str = "admin boundary (B5): Orisun clients read it in their start-up health check; Cairn keeps its catalog outside boundaries, so it holds only what clients write";
+/// Description of a boundary declared with `--boundaries`.
+const DECLARED_BOUNDARY_DESCRIPTION: &str = "declared in server configuration";
+
+/// Idempotent start-up writes: the token key, the bootstrap admin, the admin boundary and
+/// the configured boundaries.
 async fn bootstrap(node: &NodeState) -> Result<(), cairn_core::Error> {
     let mut key = vec![0u8; 32];
     rand::thread_rng().fill_bytes(&mut key);
@@ -121,10 +127,16 @@ async fn bootstrap(node: &NodeState) -> Result<(), cairn_core::Error> {
             defaults::ADMIN_PASSWORD
         );
     }
-    for name in &config.boundaries {
+    let admin = std::iter::once((&config.admin_boundary, ADMIN_BOUNDARY_DESCRIPTION));
+    let declared = config
+        .boundaries
+        .iter()
+        .filter(|name| **name != config.admin_boundary)
+        .map(|name| (name, DECLARED_BOUNDARY_DESCRIPTION));
+    for (name, description) in admin.chain(declared) {
         node.execute(Command::CreateBoundary {
             name: name.clone(),
-            description: "declared in server configuration".to_string(),
+            description: description.to_string(),
             placement: None,
             existed_before_catalog: false,
             idempotent_event_ids: false,
@@ -239,11 +251,15 @@ pub async fn start_on(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
+    // Reflection describes the Orisun services and health (grpcurl needs the health
+    // schema to call it); the reflection services add their own descriptors.
     let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(cairn_proto::ORISUN_FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(cairn_proto::ORISUN_FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let max = config.max_message_bytes;
     let event_store = EventStoreServer::new(EventStoreService::new(ready.clone()))

@@ -4,7 +4,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cairn_core::Error;
-use cairn_core::boundary::BoundaryInfo;
+use cairn_core::boundary::{BoundaryInfo, validate_boundary_name};
 use cairn_core::command::{Command, Outcome};
 use cairn_raft::RaftNode;
 use cairn_store::Store;
@@ -56,8 +56,10 @@ impl NodeState {
         self.raft.store()
     }
 
-    /// The ACTIVE boundary `name`, or FAILED_PRECONDITION (B2).
+    /// The ACTIVE boundary `name`: INVALID_ARGUMENT for a malformed name (B1, checked
+    /// first), FAILED_PRECONDITION for an unknown or inactive one (B2).
     pub fn active_boundary(&self, name: &str) -> Result<BoundaryInfo, Error> {
+        validate_boundary_name(name)?;
         self.store()
             .with_catalog(|c| c.active_boundary(name).cloned())
             .ok_or_else(|| Error::BoundaryNotActive(name.to_string()))

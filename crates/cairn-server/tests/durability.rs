@@ -5,96 +5,22 @@
 //! and checks that every acknowledged write is there at the position it was acknowledged
 //! with, that boundaries and users survived, and that writes continue.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine;
 use cairn_proto::orisun as pb;
 use cairn_proto::orisun::admin_client::AdminClient;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
-use tonic::Request;
-use tonic::transport::Channel;
+use support::{Node, admin, with_basic};
+
+fn spawn_node(data: &std::path::Path) -> Node {
+    Node::spawn(data, &["--boundaries", "default"])
+}
 
 /// An acknowledged write: its event ids and the (commit, prepare) of its last event.
 type Ack = (Vec<String>, (i64, i64));
-
-struct Node {
-    child: Child,
-    addr: SocketAddr,
-}
-
-/// Starts `cairn serve` and waits for its "cairn is serving" log line.
-fn spawn_node(data_dir: &Path) -> Node {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--log-format", "json", "--boundaries", "default"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cairn");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if sent {
-                continue;
-            }
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if v["fields"]["message"] == "cairn is serving" {
-                let addr = v["fields"]["grpc_addr"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                let _ = tx.send(addr);
-                sent = true;
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("node reports it is serving")
-        .parse()
-        .expect("address");
-    Node { child, addr }
-}
-
-fn with_basic<T>(msg: T, user: &str, password: &str) -> Request<T> {
-    let mut r = Request::new(msg);
-    let value = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-    r.metadata_mut().insert(
-        "authorization",
-        format!("Basic {value}").parse().expect("header"),
-    );
-    r
-}
-
-fn admin<T>(msg: T) -> Request<T> {
-    with_basic(msg, "admin", "changeit")
-}
-
-async fn channel(addr: SocketAddr) -> Channel {
-    Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect")
-}
 
 fn save_request(writer: usize, i: usize) -> pb::SaveEventsV2Request {
     let n = 1 + (writer + i) % 3;
@@ -117,7 +43,7 @@ async fn acknowledged_writes_survive_sigkill() {
     let dir = tempfile::tempdir().expect("dir");
     let data = dir.path().join("data");
     let mut node = spawn_node(&data);
-    let ch = channel(node.addr).await;
+    let ch = node.channel().await;
     let mut admin_client = AdminClient::new(ch.clone());
     admin_client
         .create_boundary(admin(pb::CreateBoundaryRequest {
@@ -171,8 +97,7 @@ async fn acknowledged_writes_survive_sigkill() {
     while acked.lock().expect("lock").len() < 300 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    node.child.kill().expect("SIGKILL");
-    node.child.wait().expect("reaped");
+    node.kill();
     for w in writers {
         w.await.expect("writer");
     }
@@ -180,7 +105,7 @@ async fn acknowledged_writes_survive_sigkill() {
     assert!(acked.len() >= 300);
 
     let node = spawn_node(&data);
-    let ch = channel(node.addr).await;
+    let ch = node.channel().await;
     let mut es = EventStoreClient::new(ch.clone());
     let events = es
         .get_events(admin(pb::GetEventsRequest {
@@ -234,36 +159,21 @@ async fn acknowledged_writes_survive_sigkill() {
         events.len() as i64,
         "a one-event write after the last"
     );
-    let mut node = node;
-    node.child.kill().expect("kill");
-    node.child.wait().expect("reaped");
+    drop(node);
 }
 
 #[tokio::test]
 async fn sigterm_shuts_down_cleanly() {
     let dir = tempfile::tempdir().expect("dir");
     let node = spawn_node(&dir.path().join("data"));
-    let mut es = EventStoreClient::new(channel(node.addr).await);
+    let mut es = EventStoreClient::new(node.channel().await);
     es.ping(admin(pb::PingRequest {})).await.expect("ping");
-    let pid = node.child.id().to_string();
-    let status = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let mut child = node.child;
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let exit = node.terminate().await;
     assert!(exit.success(), "exit status {exit:?}");
     // A clean shutdown leaves a database that reopens at once.
     let node = spawn_node(&dir.path().join("data"));
-    let mut es = EventStoreClient::new(channel(node.addr).await);
+    let mut es = EventStoreClient::new(node.channel().await);
     es.ping(admin(pb::PingRequest {}))
         .await
         .expect("ping after restart");
-    let mut child = node.child;
-    child.kill().expect("kill");
-    child.wait().expect("reaped");
 }

@@ -1,0 +1,147 @@
+//! The real `cairn` binary as a child process, for black-box tests: started with
+//! `--listen 127.0.0.1:0`, its addresses read from its own "cairn is serving" log line.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use tonic::Request;
+use tonic::transport::Channel;
+
+/// How long a node may take to report that it serves.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running `cairn serve` process; killed when dropped.
+pub struct Node {
+    child: Option<Child>,
+    /// Client gRPC address.
+    pub addr: SocketAddr,
+    /// HTTP (probes, metrics) address.
+    pub http_addr: SocketAddr,
+    /// Every log line the node wrote so far (JSON).
+    pub log: Arc<Mutex<Vec<String>>>,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+}
+
+impl Node {
+    /// Starts `cairn serve` on ephemeral loopback ports with `data_dir` and any `extra`
+    /// flags, and waits until it serves. Nothing else is set: every other flag keeps its
+    /// default, as for a user typing `cairn serve`.
+    pub fn spawn(data_dir: &Path, extra: &[&str]) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--log-format", "json"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cairn");
+        let stderr = child.stderr.take().expect("stderr");
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if !sent
+                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                    && v["fields"]["message"] == "cairn is serving"
+                {
+                    let addr =
+                        |key: &str| v["fields"][key].as_str().unwrap_or_default().to_string();
+                    let _ = tx.send((addr("grpc_addr"), addr("http_addr")));
+                    sent = true;
+                }
+                lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+        let (addr, http_addr) = match rx.recv_timeout(START_TIMEOUT) {
+            Ok(addrs) => addrs,
+            Err(_) => {
+                let _ = child.kill();
+                let output = log.lock().unwrap_or_else(|p| p.into_inner()).join("\n");
+                panic!("cairn did not report that it serves; its log:\n{output}");
+            }
+        };
+        Node {
+            child: Some(child),
+            addr: addr.parse().expect("gRPC address"),
+            http_addr: http_addr.parse().expect("HTTP address"),
+            log,
+            data_dir: data_dir.to_path_buf(),
+        }
+    }
+
+    /// A new connection to the node's client port.
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .expect("uri")
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reaped");
+        }
+    }
+
+    /// SIGTERM, and wait for the process to exit.
+    pub async fn terminate(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -TERM failed");
+        tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .expect("join")
+            .expect("wait")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `msg` with Basic credentials.
+pub fn with_basic<T>(msg: T, user: &str, password: &str) -> Request<T> {
+    let mut r = Request::new(msg);
+    let value = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    r.metadata_mut().insert(
+        "authorization",
+        format!("Basic {value}").parse().expect("header"),
+    );
+    r
+}
+
+/// `msg` as the default bootstrap admin.
+pub fn admin<T>(msg: T) -> Request<T> {
+    with_basic(msg, "admin", "changeit")
+}

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod event_store;
 pub mod grpc_layer;

@@ -1,7 +1,9 @@
 //! Starting and stopping a node: listeners first (health says NOT_SERVING), then storage
 //! and Raft, then SERVING; on shutdown the reverse, letting in-flight requests finish.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -217,17 +219,33 @@ fn spawn_raft_metrics(node: Arc<NodeState>) -> JoinHandle<()> {
     })
 }
 
+/// A boxed future. The entry points below return one instead of being `async fn`: a
+/// crate that awaits an `async fn` compiles its whole state machine again (the node's
+/// start-up future is large), so every test crate and the binary paid minutes of
+/// optimised compile time for a copy of the server. Boxed, it is compiled once, here.
+pub type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
 /// Starts a node on the configured addresses and returns once it serves.
-pub async fn start(config: ServeConfig) -> Result<RunningServer, ServerError> {
-    let grpc_listener = bind(config.listen).await?;
-    let http_listener = bind(config.http_listen).await?;
-    start_on(config, grpc_listener, http_listener).await
+pub fn start(config: ServeConfig) -> Boxed<Result<RunningServer, ServerError>> {
+    Box::pin(async move {
+        let grpc_listener = bind(config.listen).await?;
+        let http_listener = bind(config.http_listen).await?;
+        serve_on(config, grpc_listener, http_listener).await
+    })
 }
 
 /// Starts a node on already-bound listeners (the configured addresses are ignored) and
 /// returns once it serves. Clients may connect as soon as this is called: until storage
 /// and Raft are up, health reports NOT_SERVING and other calls UNAVAILABLE.
-pub async fn start_on(
+pub fn start_on(
+    config: ServeConfig,
+    grpc_listener: TcpListener,
+    http_listener: TcpListener,
+) -> Boxed<Result<RunningServer, ServerError>> {
+    Box::pin(serve_on(config, grpc_listener, http_listener))
+}
+
+async fn serve_on(
     config: ServeConfig,
     grpc_listener: TcpListener,
     http_listener: TcpListener,
@@ -380,7 +398,11 @@ impl RunningServer {
 
     /// Graceful shutdown: report NOT_SERVING, end subscriptions, stop accepting, let
     /// in-flight requests finish (up to the grace period), stop Raft, sync and close RocksDB.
-    pub async fn shutdown(self) -> Result<(), ServerError> {
+    pub fn shutdown(self) -> Boxed<Result<(), ServerError>> {
+        Box::pin(self.shut_down())
+    }
+
+    async fn shut_down(self) -> Result<(), ServerError> {
         tracing::info!("shutting down");
         self.serving.store(false, Ordering::Release);
         set_health(&self.health, ServingStatus::NotServing).await;

@@ -91,8 +91,40 @@ impl Unread {
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
-    syncer: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+    syncer: Arc<Syncer>,
     unread: Arc<Mutex<Unread>>,
+}
+
+/// The syncer thread's handle. Dropping the last clone of the log store stops the thread and
+/// joins it, so the thread never holds the last reference to the database: RocksDB must be
+/// closed before the process exits, or its static destructors race the close and abort
+/// ("pthread lock: Invalid argument").
+struct Syncer {
+    pending: Option<std::sync::mpsc::Sender<LogFlushed<TypeConfig>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Syncer {
+    fn send(&self, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError> {
+        self.pending
+            .as_ref()
+            .and_then(|pending| pending.send(callback).ok())
+            .ok_or_else(|| write_err(AnyError::error("the raft log syncer has stopped")))
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        drop(self.pending.take());
+        if let Some(thread) = self.thread.take() {
+            if thread.thread().id() == std::thread::current().id() {
+                return;
+            }
+            if thread.join().is_err() {
+                tracing::error!("the raft log syncer thread panicked");
+            }
+        }
+    }
 }
 
 /// The syncer thread: waits for appended-but-unsynced entries, fsyncs the WAL once for all of
@@ -155,14 +187,17 @@ impl LogStore {
     /// A log store over the node's database (column families already exist). Starts the
     /// syncer thread.
     pub fn new(db: Arc<DB>) -> std::io::Result<Self> {
-        let (syncer, pending) = std::sync::mpsc::channel();
+        let (sender, pending) = std::sync::mpsc::channel();
         let thread_db = db.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("cairn-log-sync".to_string())
             .spawn(move || run_syncer(thread_db, pending))?;
         Ok(LogStore {
             db,
-            syncer,
+            syncer: Arc::new(Syncer {
+                pending: Some(sender),
+                thread: Some(thread),
+            }),
             unread: Arc::default(),
         })
     }
@@ -365,10 +400,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 unread.insert(entry, len);
             }
         }
-        self.syncer
-            .send(callback)
-            .map_err(|_| write_err(AnyError::error("the raft log syncer has stopped")))?;
-        Ok(())
+        self.syncer.send(callback)
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {

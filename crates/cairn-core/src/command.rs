@@ -106,11 +106,18 @@ pub struct Append {
     pub observations: Vec<Observation>,
     /// Validated events.
     pub events: Vec<NewEvent>,
-    /// Leader's clock, ns since the Unix epoch (becomes `date_created`).
+    /// Leader's clock, ns since the Unix epoch (becomes `date_created`); set by the
+    /// leader's proposer ([`Command::stamp`]).
     pub at_unix_nanos: i64,
 }
 
 /// A state change, applied in Raft log order by every replica.
+///
+/// This is the Raft log's on-disk and on-the-wire format: entries hold commands encoded by
+/// postcard, which identifies enum variants and struct fields by position, not by name. So
+/// it may evolve only by appending: a new variant goes after the last one, a new field is
+/// never inserted before existing ones, and nothing is reordered or removed while a log or
+/// a peer of an older version may still hold entries that use it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     /// Conditional or unconditional append.
@@ -198,6 +205,33 @@ pub enum Command {
 }
 
 impl Command {
+    /// Sets every timestamp the command carries into the state to `now_unix_nanos`. The
+    /// leader's proposer calls it just before proposing, so the clock that stamps an entry is
+    /// the leader's, whichever node received the request, and every replica stores the same
+    /// bytes (they apply the entry, they never read their own clock).
+    pub fn stamp(&mut self, now_unix_nanos: i64) {
+        match self {
+            Command::Append(append) => append.at_unix_nanos = now_unix_nanos,
+            Command::CreateUser { user, .. } => {
+                user.created_unix_nanos = now_unix_nanos;
+                user.updated_unix_nanos = now_unix_nanos;
+            }
+            Command::SetPassword { at_unix_nanos, .. }
+            | Command::AcquireLease { at_unix_nanos, .. } => *at_unix_nanos = now_unix_nanos,
+            Command::Batch(commands) => {
+                for command in commands {
+                    command.stamp(now_unix_nanos);
+                }
+            }
+            Command::CreateBoundary { .. }
+            | Command::CreateIndex { .. }
+            | Command::DropIndex { .. }
+            | Command::DeleteUser { .. }
+            | Command::ReleaseLease { .. }
+            | Command::InitTokenKey { .. } => {}
+        }
+    }
+
     /// Rough size in bytes, to bound batches.
     pub fn approx_bytes(&self) -> usize {
         match self {
@@ -248,3 +282,75 @@ pub enum Applied {
 /// Result of applying a command; errors are deterministic outcomes (conflicts, duplicates),
 /// identical on every replica.
 pub type Outcome = Result<Applied, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::UserRecord;
+
+    fn user() -> UserRecord {
+        UserRecord {
+            user_id: "u".into(),
+            name: "n".into(),
+            username: "n".into(),
+            password_hash: String::new(),
+            roles: vec![],
+            created_unix_nanos: 1,
+            updated_unix_nanos: 1,
+            credential_generation: 0,
+        }
+    }
+
+    #[test]
+    fn stamp_sets_every_timestamp_a_command_carries() {
+        let mut batch = Command::Batch(vec![
+            Command::Append(Append {
+                boundary: "b".into(),
+                observations: vec![],
+                events: vec![],
+                at_unix_nanos: 1,
+            }),
+            Command::CreateUser {
+                user: user(),
+                if_absent: false,
+            },
+            Command::SetPassword {
+                user_id: "u".into(),
+                password_hash: String::new(),
+                at_unix_nanos: 1,
+            },
+            Command::AcquireLease {
+                boundary: "b".into(),
+                subscriber: "s".into(),
+                holder: "h".into(),
+                at_unix_nanos: 1,
+                ttl_nanos: 5,
+            },
+            Command::DeleteUser {
+                user_id: "u".into(),
+            },
+        ]);
+        let untouched = Command::DeleteUser {
+            user_id: "u".into(),
+        };
+        batch.stamp(42);
+        let Command::Batch(commands) = batch else {
+            unreachable!()
+        };
+        for command in &commands {
+            match command {
+                Command::Append(a) => assert_eq!(a.at_unix_nanos, 42),
+                Command::CreateUser { user, .. } => {
+                    assert_eq!((user.created_unix_nanos, user.updated_unix_nanos), (42, 42));
+                }
+                Command::SetPassword { at_unix_nanos, .. } => assert_eq!(*at_unix_nanos, 42),
+                Command::AcquireLease {
+                    at_unix_nanos,
+                    ttl_nanos,
+                    ..
+                } => assert_eq!((*at_unix_nanos, *ttl_nanos), (42, 5)),
+                other => assert_eq!(other, &untouched),
+            }
+        }
+    }
+}

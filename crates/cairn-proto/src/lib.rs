@@ -6,23 +6,24 @@ pub mod codec;
 pub mod convert;
 pub mod status;
 
+// The generated code is committed (`make proto` regenerates it from proto/, and
+// `make verify` fails when it has drifted): see tools/proto-gen.
+
 /// The Orisun protocol (package `orisun`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod orisun {
-    tonic::include_proto!("orisun");
+    include!("generated/orisun.rs");
 }
 
 /// Cairn's internal services (package `cairn.v1`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod cairn_v1 {
-    tonic::include_proto!("cairn.v1");
+    include!("generated/cairn.v1.rs");
 }
 
 /// Encoded `FileDescriptorSet` of the Orisun services (client port reflection).
-pub const ORISUN_FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/orisun_descriptor.bin"));
+pub const ORISUN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/orisun_descriptor.bin");
 /// Encoded `FileDescriptorSet` of Cairn's own services (peer port reflection).
-pub const CAIRN_FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
+pub const CAIRN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/cairn_descriptor.bin");
 
 pub use status::{from_status, to_status};

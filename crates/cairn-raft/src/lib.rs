@@ -8,18 +8,24 @@
 // helpers return it unboxed so `?` flows into the trait methods without conversions.
 #![allow(clippy::result_large_err)]
 
-mod codec;
+mod bootstrap;
+pub mod codec;
+mod heads;
 mod log_store;
 mod network;
 mod node;
+mod proposer;
 mod state_machine;
 
-pub use log_store::LogStore;
-pub use network::SingleNodeNetwork;
-pub use node::{
-    DEFAULT_MAX_INFLIGHT_BATCHES, DEFAULT_SNAPSHOT_EVERY_BYTES, DEFAULT_SNAPSHOT_EVERY_ENTRIES,
-    HeadWatch, LEADERSHIP_TIMEOUT, NodeOptions, RaftNode,
+pub use bootstrap::{
+    DEFAULT_SNAPSHOT_EVERY_BYTES, DEFAULT_SNAPSHOT_EVERY_ENTRIES, Formation, NodeOptions,
+    RaftTiming,
 };
+pub use heads::HeadWatch;
+pub use log_store::LogStore;
+pub use network::{Network, NoPeers, PeerLink, PeerTransport, RpcResult};
+pub use node::{ClusterView, Member, RaftNode, Role};
+pub use proposer::DEFAULT_MAX_INFLIGHT_BATCHES;
 pub use state_machine::StateMachine;
 
 /// Receives state-machine events, so the server can export metrics without this crate
@@ -86,6 +92,18 @@ pub enum RaftError {
     /// No leader is known; retry later.
     #[error("no leader: {0}")]
     NoLeader(String),
+    /// This node does not lead. The command was not applied here and never will be, so the
+    /// leader (when one is known) may take it.
+    #[error("{}", forward_message(*.leader_id, .leader_addr.as_deref()))]
+    ForwardToLeader {
+        /// The leader's node id, if known.
+        leader_id: Option<u64>,
+        /// The leader's peer address, if known.
+        leader_addr: Option<String>,
+    },
+    /// A membership change was refused (unknown learner, change in progress, …).
+    #[error("membership change refused: {0}")]
+    Membership(String),
     /// Initialising the group failed.
     #[error("failed to initialise the raft group: {0}")]
     Initialize(String),
@@ -94,12 +112,41 @@ pub enum RaftError {
     Timeout(&'static str),
 }
 
+fn forward_message(leader_id: Option<u64>, leader_addr: Option<&str>) -> String {
+    match (leader_id, leader_addr) {
+        (Some(id), Some(addr)) => format!("this node does not lead: node {id} at {addr} does"),
+        (Some(id), None) => format!("this node does not lead: node {id} does"),
+        (None, _) => "this node does not lead and no leader is known yet".to_string(),
+    }
+}
+
+impl RaftError {
+    /// The same failure for another caller waiting on the same batch (storage errors are
+    /// not `Clone`; their text is what the caller needs).
+    pub(crate) fn for_another_caller(&self) -> RaftError {
+        match self {
+            RaftError::ForwardToLeader {
+                leader_id,
+                leader_addr,
+            } => RaftError::ForwardToLeader {
+                leader_id: *leader_id,
+                leader_addr: leader_addr.clone(),
+            },
+            RaftError::NoLeader(m) => RaftError::NoLeader(m.clone()),
+            RaftError::Timeout(what) => RaftError::Timeout(what),
+            other => RaftError::Fatal(other.to_string()),
+        }
+    }
+}
+
 impl From<RaftError> for cairn_core::Error {
     fn from(e: RaftError) -> Self {
         match e {
-            RaftError::NoLeader(_) | RaftError::Fatal(_) | RaftError::Timeout(_) => {
-                cairn_core::Error::Unavailable(e.to_string())
-            }
+            RaftError::NoLeader(_)
+            | RaftError::ForwardToLeader { .. }
+            | RaftError::Fatal(_)
+            | RaftError::Timeout(_) => cairn_core::Error::Unavailable(e.to_string()),
+            RaftError::Membership(m) => cairn_core::Error::FailedPrecondition(m),
             RaftError::Store(_)
             | RaftError::Storage(_)
             | RaftError::Config(_)

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncSeekExt;
 
 use crate::codec::{decode, encode};
-use crate::node::HeadWatch;
+use crate::heads::HeadWatch;
 use crate::{RaftObserver, StorageError, TypeConfig};
 
 /// Directory (under the snapshot dir) of the current snapshot's checkpoint.
@@ -147,16 +147,29 @@ impl StateMachine {
             context: format!("failed to create {}", snapshot_dir.display()),
             source: e,
         })?;
+        let snapshots = SnapshotDir {
+            path: snapshot_dir,
+            lock: Arc::new(Mutex::new(())),
+        };
+        // A snapshot install the process did not live to finish left the state machine half
+        // replaced: finish it from the same checkpoint before anything reads the state.
+        if let Some(dir) = store.resume_install()? {
+            tracing::warn!(
+                "finished installing snapshot {} that a restart interrupted",
+                dir.display()
+            );
+            if dir.join(META_FILE).exists() {
+                snapshots
+                    .promote(&dir)
+                    .map_err(|e| StoreError::Task(e.to_string()))?;
+            }
+        }
         let marker = match store.applied_marker() {
             Some(bytes) => decode(&bytes).map_err(|e| StoreError::Corrupt {
                 cf: "sm_meta",
                 detail: format!("applied marker: {e}"),
             })?,
             None => AppliedMarker::default(),
-        };
-        let snapshots = SnapshotDir {
-            path: snapshot_dir,
-            lock: Arc::new(Mutex::new(())),
         };
         // Anything but the current snapshot is debris from an interrupted build or install.
         snapshots.remove_matching(|_| true);
@@ -387,13 +400,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let _guard = snapshots.guard();
             let staged = snapshots.path.join(format!("installing-{}", unix_nanos()));
             unpack_dir(&received, &staged).map_err(|e| snap_err(&e))?;
+            // Written first, so a restart that finishes an interrupted install (see
+            // `StateMachine::new`) finds a complete snapshot directory to promote.
+            std::fs::write(staged.join(META_FILE), &meta_bytes).map_err(|e| snap_err(&e))?;
             // The checkpoint carries its own applied marker (including a batch in progress),
             // consistent with its data; installing it installs the marker too.
             store.install_checkpoint(&staged).map_err(|e| {
                 tracing::error!("failed to install snapshot: {e}");
                 snap_err(&e)
             })?;
-            std::fs::write(staged.join(META_FILE), &meta_bytes).map_err(|e| snap_err(&e))?;
             snapshots.promote(&staged)?;
             snapshots.remove_matching(|name| {
                 name.starts_with("received-") || name.starts_with("incoming-")

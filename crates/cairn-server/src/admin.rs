@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Principal, hash_password};
 use crate::rpc::{node_of, reply};
-use crate::state::{NodeState, Ready, unix_nanos};
+use crate::state::{NodeState, Ready};
 
 /// The Admin service.
 #[derive(Clone)]
@@ -89,15 +89,15 @@ pub async fn create_user(
     }
     check_password_shape(&password, "password")?;
     let roles = parse_roles(roles)?;
-    let now = unix_nanos();
     let user = UserRecord {
         user_id: uuid::Uuid::new_v4().to_string(),
         name,
         username,
         password_hash: hash(password).await?,
         roles,
-        created_unix_nanos: now,
-        updated_unix_nanos: now,
+        // Stamped by the leader's proposer.
+        created_unix_nanos: 0,
+        updated_unix_nanos: 0,
         credential_generation: 0,
     };
     match node
@@ -145,10 +145,15 @@ impl Admin for AdminService {
         _request: Request<pb::ListBoundariesRequest>,
     ) -> Result<Response<pb::ListBoundariesResponse>, Status> {
         let node = node_of(&self.ready)?;
-        let boundaries = node
-            .store()
-            .with_catalog(|c| c.boundaries.values().map(boundary_to_wire).collect());
-        Ok(Response::new(pb::ListBoundariesResponse { boundaries }))
+        let result = async {
+            node.read_barrier().await?;
+            let boundaries = node
+                .store()
+                .with_catalog(|c| c.boundaries.values().map(boundary_to_wire).collect());
+            Ok(pb::ListBoundariesResponse { boundaries })
+        }
+        .await;
+        reply(result)
     }
 
     async fn get_boundary(
@@ -157,12 +162,15 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::GetBoundaryResponse>, Status> {
         let node = node_of(&self.ready)?;
         let name = request.into_inner().name;
-        let result = validate_boundary_name(&name).and_then(|()| {
+        let result = async {
+            validate_boundary_name(&name)?;
+            node.read_barrier().await?;
             node.store()
                 .with_catalog(|c| c.boundaries.get(&name).map(boundary_to_wire))
                 .map(|b| pb::GetBoundaryResponse { boundary: Some(b) })
                 .ok_or_else(|| Error::NotFound(format!("boundary \"{name}\" not found")))
-        });
+        }
+        .await;
         reply(result)
     }
 
@@ -221,6 +229,7 @@ impl Admin for AdminService {
                 ));
             }
             check_password_shape(&req.new_password, "new_password")?;
+            node.read_barrier().await?;
             let user = node
                 .store()
                 .with_catalog(|c| c.users.get(&req.user_id).cloned())
@@ -235,7 +244,7 @@ impl Admin for AdminService {
             node.execute(Command::SetPassword {
                 user_id: req.user_id,
                 password_hash: hash(req.new_password).await?,
-                at_unix_nanos: unix_nanos(),
+                at_unix_nanos: 0, // stamped by the leader's proposer
             })
             .await?;
             Ok(pb::ChangePasswordResponse { success: true })
@@ -249,13 +258,18 @@ impl Admin for AdminService {
         _request: Request<pb::ListUsersRequest>,
     ) -> Result<Response<pb::ListUsersResponse>, Status> {
         let node = node_of(&self.ready)?;
-        let mut users: Vec<UserRecord> = node
-            .store()
-            .with_catalog(|c| c.users.values().cloned().collect());
-        users.sort_by(|a, b| a.username.cmp(&b.username));
-        Ok(Response::new(pb::ListUsersResponse {
-            users: users.iter().map(user_to_wire).collect(),
-        }))
+        let result = async {
+            node.read_barrier().await?;
+            let mut users: Vec<UserRecord> = node
+                .store()
+                .with_catalog(|c| c.users.values().cloned().collect());
+            users.sort_by(|a, b| a.username.cmp(&b.username));
+            Ok(pb::ListUsersResponse {
+                users: users.iter().map(user_to_wire).collect(),
+            })
+        }
+        .await;
+        reply(result)
     }
 
     async fn validate_credentials(
@@ -265,6 +279,7 @@ impl Admin for AdminService {
         let node = node_of(&self.ready)?;
         let req = request.into_inner();
         let result = async {
+            node.read_barrier().await?;
             let Some(user) = node
                 .store()
                 .with_catalog(|c| c.user_by_name(&req.username).cloned())
@@ -289,8 +304,13 @@ impl Admin for AdminService {
         _request: Request<pb::GetUserCountRequest>,
     ) -> Result<Response<pb::GetUserCountResponse>, Status> {
         let node = node_of(&self.ready)?;
-        let count = node.store().with_catalog(|c| c.users.len() as i64);
-        Ok(Response::new(pb::GetUserCountResponse { count }))
+        let result = async {
+            node.read_barrier().await?;
+            let count = node.store().with_catalog(|c| c.users.len() as i64);
+            Ok(pb::GetUserCountResponse { count })
+        }
+        .await;
+        reply(result)
     }
 
     async fn get_event_count(
@@ -300,8 +320,9 @@ impl Admin for AdminService {
         let node = node_of(&self.ready)?;
         let boundary = request.into_inner().boundary;
         let result = async {
-            let b = node.active_boundary(&boundary)?;
+            validate_boundary_name(&boundary)?;
             node.read_barrier().await?;
+            let b = node.active_boundary(&boundary)?;
             Ok(pb::GetEventCountResponse {
                 count: node.store().event_count(b.id) as i64,
             })

@@ -3,6 +3,7 @@
 //! Every flag has an environment variable `CAIRN_*` and a named default; [`ServeArgs`] is
 //! validated into a [`ServeConfig`] that is passed down explicitly (no globals).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -57,7 +58,18 @@ pub mod defaults {
     pub const LEASE_TTL_SECS: u64 = 15;
     /// Subscription lease renewal interval (S1).
     pub const LEASE_RENEW_SECS: u64 = 5;
+    /// Peer port (Raft and the cluster API) of a clustered node.
+    pub const PEER_LISTEN: &str = "0.0.0.0:5006";
+    /// Leader heartbeat interval.
+    pub const RAFT_HEARTBEAT_MS: u64 = 250;
+    /// Shortest election timeout (the longest is twice this).
+    pub const RAFT_ELECTION_TIMEOUT_MS: u64 = 1000;
+    /// How long a call waits for a leader (during an election) before UNAVAILABLE.
+    pub const LEADER_WAIT_MS: u64 = 10_000;
 }
+
+/// Smallest accepted `--cluster-secret` length.
+pub const MIN_CLUSTER_SECRET_LEN: usize = 16;
 
 /// Cairn: a replicated event database for Command Context Consistency, speaking the Orisun
 /// gRPC protocol.
@@ -72,8 +84,11 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a node: a one-node Raft group serving the Orisun API.
+    /// Run a node: alone (the default, a one-node Raft group) or as a member of a cluster
+    /// (--initial-members or --join), serving the Orisun API.
     Serve(Box<ServeArgs>),
+    /// Inspect and change a running cluster through any member's peer port.
+    Cluster(crate::cluster_cli::ClusterArgs),
 }
 
 /// Log output format.
@@ -122,9 +137,59 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_NODE_ID", default_value_t = defaults::NODE_ID)]
     pub node_id: u64,
 
-    /// Address other nodes use to reach this one (defaults to --listen).
+    /// Address (host:port) other nodes use to reach this node's peer port. Defaults to this
+    /// node's entry in --initial-members; required with --join.
     #[arg(long, env = "CAIRN_ADVERTISE_ADDR")]
     pub advertise_addr: Option<String>,
+
+    /// Peer port for Raft and the cluster API, used only in a cluster [default: 0.0.0.0:5006].
+    #[arg(long, env = "CAIRN_PEER_LISTEN")]
+    pub peer_listen: Option<SocketAddr>,
+
+    /// The members of a new cluster, `id=host:port` of each peer port, this node included,
+    /// e.g. "1=cairn-0:5006,2=cairn-1:5006,3=cairn-2:5006". The lowest id forms the
+    /// cluster on first start; restarts use the membership stored in the data directory.
+    #[arg(
+        long,
+        env = "CAIRN_INITIAL_MEMBERS",
+        value_delimiter = ',',
+        conflicts_with = "join"
+    )]
+    pub initial_members: Vec<String>,
+
+    /// Peer address (host:port) of any member of a running cluster: on first start this node
+    /// asks it to add this node as a learner (promote it with `cairn cluster promote`).
+    #[arg(long, env = "CAIRN_JOIN")]
+    pub join: Option<String>,
+
+    /// Shared secret every peer call carries (at least 16 characters). Required in a cluster;
+    /// prefer --cluster-secret-file.
+    #[arg(
+        long,
+        env = "CAIRN_CLUSTER_SECRET",
+        hide_env_values = true,
+        conflicts_with = "cluster_secret_file"
+    )]
+    pub cluster_secret: Option<String>,
+
+    /// File holding the cluster secret (surrounding whitespace ignored), e.g. a mounted
+    /// Kubernetes Secret.
+    #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+
+    /// Raft leader heartbeat interval in milliseconds.
+    #[arg(long, env = "CAIRN_RAFT_HEARTBEAT_MS", default_value_t = defaults::RAFT_HEARTBEAT_MS)]
+    pub raft_heartbeat_ms: u64,
+
+    /// Shortest Raft election timeout in milliseconds (a random one up to twice this is
+    /// used): how long followers wait without a heartbeat before electing a new leader.
+    #[arg(long, env = "CAIRN_RAFT_ELECTION_TIMEOUT_MS", default_value_t = defaults::RAFT_ELECTION_TIMEOUT_MS)]
+    pub raft_election_timeout_ms: u64,
+
+    /// How long a write or linearizable read waits for a leader (e.g. during an election)
+    /// before answering UNAVAILABLE, in milliseconds.
+    #[arg(long, env = "CAIRN_LEADER_WAIT_MS", default_value_t = defaults::LEADER_WAIT_MS)]
+    pub leader_wait_ms: u64,
 
     /// Lifetime of session tokens in seconds; each authenticated response extends it.
     #[arg(long, env = "CAIRN_TOKEN_TTL_SECS", default_value_t = defaults::TOKEN_TTL_SECS)]
@@ -172,7 +237,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Log filter (tracing EnvFilter syntax, e.g. "info,cairn_server=debug").
+    /// Log filter: comma-separated `target=level` directives and a default level, e.g.
+    /// "info,cairn_server=debug,openraft=warn".
     #[arg(long, env = "CAIRN_LOG", default_value = "info,openraft=warn")]
     pub log: String,
 }
@@ -196,8 +262,14 @@ pub struct ServeConfig {
     pub admin_password: String,
     /// Raft node id.
     pub node_id: u64,
-    /// Advertised address.
+    /// Advertised peer address (alone: informational).
     pub advertise_addr: String,
+    /// Peer port and formation; `None` runs the node alone.
+    pub cluster: Option<ClusterConfig>,
+    /// Raft timing.
+    pub timing: cairn_raft::RaftTiming,
+    /// Wait for a leader before UNAVAILABLE.
+    pub leader_wait: Duration,
     /// Token TTL.
     pub token_ttl: Duration,
     /// Max request size.
@@ -222,6 +294,103 @@ pub struct ServeConfig {
     pub lease_renew: Duration,
 }
 
+/// How a clustered node finds its group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Membership {
+    /// Form (or, after the first start, rejoin) the group of these members.
+    Initial(BTreeMap<u64, String>),
+    /// Ask the member at this peer address to add this node as a learner.
+    Join(String),
+}
+
+/// The peer side of a clustered node.
+#[derive(Clone)]
+pub struct ClusterConfig {
+    /// Peer port.
+    pub peer_listen: SocketAddr,
+    /// How the node comes to belong to a group.
+    pub membership: Membership,
+    /// Shared secret of peer calls.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterConfig")
+            .field("peer_listen", &self.peer_listen)
+            .field("membership", &self.membership)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Parses `--initial-members`: `id=host:port`, ids ≥ 1 and unique, addresses unique.
+pub fn parse_members(entries: &[String]) -> Result<BTreeMap<u64, String>, ConfigError> {
+    let mut members = BTreeMap::new();
+    for entry in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+        let bad = |why: &str| {
+            ConfigError(format!(
+                "--initial-members: {entry:?} {why} (expected id=host:port, e.g. 1=cairn-0:5006)"
+            ))
+        };
+        let (id, addr) = entry.split_once('=').ok_or_else(|| bad("has no '='"))?;
+        let id: u64 = id.trim().parse().map_err(|_| bad("has no numeric id"))?;
+        if id == 0 {
+            return Err(bad("has id 0 (ids start at 1)"));
+        }
+        let addr = addr.trim();
+        validate_peer_addr(addr).map_err(|why| bad(&why))?;
+        if members.values().any(|a: &String| a == addr) {
+            return Err(bad("repeats another member's address"));
+        }
+        if members.insert(id, addr.to_string()).is_some() {
+            return Err(bad("repeats another member's id"));
+        }
+    }
+    Ok(members)
+}
+
+/// The cluster secret from the flag or the file (surrounding whitespace ignored), checked:
+/// at least [`MIN_CLUSTER_SECRET_LEN`] printable ASCII characters. `None` when neither is set.
+pub fn cluster_secret(
+    secret: Option<&str>,
+    file: Option<&std::path::Path>,
+) -> Result<Option<String>, ConfigError> {
+    let secret = match (secret, file) {
+        (Some(secret), _) => secret.to_string(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("--cluster-secret-file {}: {e}", path.display())))?
+            .trim()
+            .to_string(),
+        (None, None) => return Ok(None),
+    };
+    if secret.len() < MIN_CLUSTER_SECRET_LEN {
+        return Err(ConfigError(format!(
+            "the cluster secret must have at least {MIN_CLUSTER_SECRET_LEN} characters"
+        )));
+    }
+    if !secret.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError(
+            "the cluster secret must be printable ASCII without spaces".into(),
+        ));
+    }
+    Ok(Some(secret))
+}
+
+/// A peer address must be `host:port` with a port.
+fn validate_peer_addr(addr: &str) -> Result<(), String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| "has no port".to_string())?;
+    if host.is_empty() {
+        return Err("has no host".to_string());
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!("has a bad port {port:?}")),
+    }
+}
+
 /// A configuration that cannot work.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -230,6 +399,7 @@ pub struct ConfigError(pub String);
 impl ServeArgs {
     /// Validates the flags.
     pub fn validate(self) -> Result<ServeConfig, ConfigError> {
+        let (cluster, advertise_addr) = self.cluster_config()?;
         let mut boundaries: Vec<String> = self
             .boundaries
             .into_iter()
@@ -278,9 +448,21 @@ impl ServeArgs {
                 "--memtable-mb must be between {MIN_MEMTABLE_MB} and {MAX_MEMTABLE_MB}"
             )));
         }
-        let advertise_addr = self
-            .advertise_addr
-            .unwrap_or_else(|| self.listen.to_string());
+        if self.raft_heartbeat_ms == 0 {
+            return Err(ConfigError("--raft-heartbeat-ms must be ≥ 1".into()));
+        }
+        if self.raft_election_timeout_ms <= self.raft_heartbeat_ms {
+            return Err(ConfigError(
+                "--raft-election-timeout-ms must exceed --raft-heartbeat-ms (followers would elect between heartbeats)"
+                    .into(),
+            ));
+        }
+        let timing = cairn_raft::RaftTiming {
+            heartbeat: Duration::from_millis(self.raft_heartbeat_ms),
+            election_min: Duration::from_millis(self.raft_election_timeout_ms),
+            election_max: Duration::from_millis(2 * self.raft_election_timeout_ms),
+        };
+        let advertise_addr = advertise_addr.unwrap_or_else(|| self.listen.to_string());
         Ok(ServeConfig {
             data_dir: self.data_dir,
             listen: self.listen,
@@ -291,6 +473,9 @@ impl ServeArgs {
             admin_password: self.admin_password,
             node_id: self.node_id,
             advertise_addr,
+            cluster,
+            timing,
+            leader_wait: Duration::from_millis(self.leader_wait_ms),
             token_ttl: Duration::from_secs(self.token_ttl_secs),
             max_message_bytes: self.max_message_bytes,
             snapshot_every_entries: self.snapshot_every_entries,
@@ -303,6 +488,99 @@ impl ServeArgs {
             lease_ttl: Duration::from_secs(defaults::LEASE_TTL_SECS),
             lease_renew: Duration::from_secs(defaults::LEASE_RENEW_SECS),
         })
+    }
+}
+
+impl ServeArgs {
+    /// The peer side, when --initial-members or --join make this node a cluster member;
+    /// and the advertised peer address.
+    fn cluster_config(&self) -> Result<(Option<ClusterConfig>, Option<String>), ConfigError> {
+        let members = parse_members(&self.initial_members)?;
+        let membership = match (&self.join, members.is_empty()) {
+            (Some(_), false) => {
+                return Err(ConfigError(
+                    "--join and --initial-members exclude each other".into(),
+                ));
+            }
+            (Some(join), true) => {
+                validate_peer_addr(join)
+                    .map_err(|why| ConfigError(format!("--join {join:?} {why}")))?;
+                Membership::Join(join.clone())
+            }
+            (None, false) => Membership::Initial(members),
+            (None, true) => {
+                for (flag, set) in [
+                    ("--peer-listen", self.peer_listen.is_some()),
+                    ("--cluster-secret", self.cluster_secret.is_some()),
+                    ("--cluster-secret-file", self.cluster_secret_file.is_some()),
+                ] {
+                    if set {
+                        return Err(ConfigError(format!(
+                            "{flag} needs --initial-members or --join (without them the node runs alone)"
+                        )));
+                    }
+                }
+                return Ok((None, self.advertise_addr.clone()));
+            }
+        };
+        let advertise_addr = match (&membership, &self.advertise_addr) {
+            (_, Some(addr)) => {
+                validate_peer_addr(addr)
+                    .map_err(|why| ConfigError(format!("--advertise-addr {addr:?} {why}")))?;
+                addr.clone()
+            }
+            (Membership::Initial(members), None) => members
+                .get(&self.node_id)
+                .cloned()
+                .ok_or_else(|| {
+                    ConfigError(format!(
+                        "--initial-members has no entry for this node (--node-id {}); add it or set --advertise-addr",
+                        self.node_id
+                    ))
+                })?,
+            (Membership::Join(_), None) => {
+                return Err(ConfigError(
+                    "--join needs --advertise-addr: the address peers dial to reach this node".into(),
+                ));
+            }
+        };
+        if let Membership::Initial(members) = &membership {
+            match members.get(&self.node_id) {
+                None => {
+                    return Err(ConfigError(format!(
+                        "--initial-members must include this node (--node-id {})",
+                        self.node_id
+                    )));
+                }
+                Some(addr) if *addr != advertise_addr => {
+                    return Err(ConfigError(format!(
+                        "--advertise-addr {advertise_addr} differs from this node's --initial-members entry {addr}"
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let secret = cluster_secret(self.cluster_secret.as_deref(), self.cluster_secret_file.as_deref())?
+            .ok_or_else(|| {
+                ConfigError(
+                    "a cluster member needs --cluster-secret or --cluster-secret-file (peers authenticate each other with it)"
+                        .into(),
+                )
+            })?;
+        let peer_listen = match self.peer_listen {
+            Some(addr) => addr,
+            None => defaults::PEER_LISTEN
+                .parse()
+                .map_err(|e| ConfigError(format!("bad default peer address: {e}")))?,
+        };
+        Ok((
+            Some(ClusterConfig {
+                peer_listen,
+                membership,
+                secret,
+            }),
+            Some(advertise_addr),
+        ))
     }
 }
 
@@ -319,6 +597,9 @@ impl ServeConfig {
             admin_password: defaults::ADMIN_PASSWORD.to_string(),
             node_id: defaults::NODE_ID,
             advertise_addr: "127.0.0.1:0".to_string(),
+            cluster: None,
+            timing: cairn_raft::RaftTiming::default(),
+            leader_wait: Duration::from_millis(defaults::LEADER_WAIT_MS),
             token_ttl: Duration::from_secs(defaults::TOKEN_TTL_SECS),
             max_message_bytes: defaults::MAX_MESSAGE_BYTES,
             snapshot_every_entries: defaults::SNAPSHOT_EVERY_ENTRIES,
@@ -342,8 +623,10 @@ mod tests {
         let mut argv = vec!["cairn", "serve"];
         argv.extend_from_slice(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
-        let Command::Serve(args) = cli.command;
-        args.validate().map_err(|e| e.to_string())
+        match cli.command {
+            Command::Serve(args) => args.validate().map_err(|e| e.to_string()),
+            Command::Cluster(_) => Err("not serve".to_string()),
+        }
     }
 
     #[test]
@@ -382,5 +665,157 @@ mod tests {
         assert!(parse(&["--snapshot-every-entries", "0"]).is_err());
         assert!(parse(&["--memtable-mb", "0"]).is_err());
         assert!(parse(&["--memtable-mb", "4097"]).is_err());
+    }
+
+    const SECRET: &str = "0123456789abcdef";
+
+    #[test]
+    fn without_peers_the_node_runs_alone() {
+        let c = parse(&[]).expect("defaults are valid");
+        assert!(c.cluster.is_none());
+        assert_eq!(c.timing, cairn_raft::RaftTiming::default());
+        let err = parse(&["--cluster-secret", SECRET]).expect_err("secret alone");
+        assert!(err.contains("needs --initial-members or --join"), "{err}");
+        assert!(parse(&["--peer-listen", "127.0.0.1:7000"]).is_err());
+    }
+
+    #[test]
+    fn initial_members_form_a_cluster() {
+        let members = "1=a:5006,2=b:5006,3=c:5006";
+        let c = parse(&[
+            "--node-id",
+            "2",
+            "--initial-members",
+            members,
+            "--cluster-secret",
+            SECRET,
+        ])
+        .expect("valid");
+        let cluster = c.cluster.expect("clustered");
+        assert_eq!(c.advertise_addr, "b:5006");
+        assert_eq!(cluster.peer_listen.to_string(), defaults::PEER_LISTEN);
+        let Membership::Initial(m) = cluster.membership else {
+            panic!("initial members expected");
+        };
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[&3], "c:5006");
+        // This node must be a member, with its own address.
+        let err = parse(&[
+            "--node-id",
+            "4",
+            "--initial-members",
+            members,
+            "--cluster-secret",
+            SECRET,
+        ])
+        .expect_err("not a member");
+        assert!(err.contains("no entry for this node"), "{err}");
+        let err = parse(&[
+            "--node-id",
+            "1",
+            "--initial-members",
+            members,
+            "--cluster-secret",
+            SECRET,
+            "--advertise-addr",
+            "z:5006",
+        ])
+        .expect_err("advertise differs");
+        assert!(err.contains("differs"), "{err}");
+        // A secret is required and must be long enough.
+        let err = parse(&["--initial-members", members]).expect_err("no secret");
+        assert!(err.contains("--cluster-secret"), "{err}");
+        assert!(parse(&["--initial-members", members, "--cluster-secret", "short"]).is_err());
+    }
+
+    #[test]
+    fn malformed_members_are_named() {
+        for (bad, why) in [
+            ("1=a:5006,1=b:5006", "repeats another member's id"),
+            ("1=a:5006,2=a:5006", "repeats another member's address"),
+            ("0=a:5006", "id 0"),
+            ("x=a:5006", "no numeric id"),
+            ("1=a", "no port"),
+            ("1=a:0", "bad port"),
+            ("1", "no '='"),
+        ] {
+            let err =
+                parse(&["--initial-members", bad, "--cluster-secret", SECRET]).expect_err(bad);
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn joining_needs_an_advertised_address() {
+        let err = parse(&[
+            "--node-id",
+            "4",
+            "--join",
+            "a:5006",
+            "--cluster-secret",
+            SECRET,
+        ])
+        .expect_err("no advertise");
+        assert!(err.contains("--advertise-addr"), "{err}");
+        let c = parse(&[
+            "--node-id",
+            "4",
+            "--join",
+            "a:5006",
+            "--cluster-secret",
+            SECRET,
+            "--advertise-addr",
+            "d:5006",
+        ])
+        .expect("valid");
+        assert_eq!(
+            c.cluster.expect("clustered").membership,
+            Membership::Join("a:5006".to_string())
+        );
+        assert!(parse(&["--initial-members", "1=a:5006", "--join", "a:5006"]).is_err());
+    }
+
+    #[test]
+    fn the_secret_can_come_from_a_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("secret");
+        std::fs::write(&path, format!("{SECRET}\n")).expect("write");
+        let c = parse(&[
+            "--initial-members",
+            "1=a:5006",
+            "--cluster-secret-file",
+            path.to_str().expect("utf-8"),
+        ])
+        .expect("valid");
+        assert_eq!(c.cluster.expect("clustered").secret, SECRET);
+        let err = parse(&[
+            "--initial-members",
+            "1=a:5006",
+            "--cluster-secret-file",
+            "/nonexistent/x",
+        ])
+        .expect_err("missing file");
+        assert!(err.contains("/nonexistent/x"), "{err}");
+    }
+
+    #[test]
+    fn election_timeouts_must_exceed_heartbeats() {
+        assert!(
+            parse(&[
+                "--raft-heartbeat-ms",
+                "500",
+                "--raft-election-timeout-ms",
+                "500"
+            ])
+            .is_err()
+        );
+        let c = parse(&[
+            "--raft-heartbeat-ms",
+            "50",
+            "--raft-election-timeout-ms",
+            "300",
+        ])
+        .expect("valid");
+        assert_eq!(c.timing.election_max, Duration::from_millis(600));
     }
 }

@@ -19,7 +19,7 @@ use cairn_store::{Direction, ReadStart};
 use tonic::{Request, Response, Status};
 
 use crate::rpc::{node_of, reply};
-use crate::state::{NodeState, Ready, unix_nanos};
+use crate::state::{NodeState, Ready};
 use crate::subscription;
 
 /// Version reported by GetServerInfo.
@@ -69,7 +69,7 @@ async fn save(
             boundary: boundary.clone(),
             observations,
             events,
-            at_unix_nanos: unix_nanos(),
+            at_unix_nanos: 0, // stamped by the leader's proposer
         }))
         .await?;
     match outcome {
@@ -110,6 +110,8 @@ async fn get_events(
     req: pb::GetEventsRequest,
 ) -> Result<pb::GetEventsResponse, Error> {
     note_boundary(&req.boundary);
+    validate_boundary_name(&req.boundary)?;
+    node.read_barrier().await?;
     let boundary = node.active_boundary(&req.boundary)?;
     if req.count == 0 || req.count > MAX_READ_COUNT {
         return Err(Error::invalid(format!(
@@ -123,7 +125,6 @@ async fn get_events(
         Some(p) => ReadStart::Inclusive(position_from_wire(p)),
         None => ReadStart::Edge,
     };
-    node.read_barrier().await?;
     let count = req.count as usize;
     let events = node
         .blocking(move |s| s.read_events(boundary.id, &query, start, direction, count))
@@ -138,11 +139,12 @@ async fn latest_by_criteria(
     req: pb::GetLatestByCriteriaRequest,
 ) -> Result<pb::GetLatestByCriteriaResponse, Error> {
     note_boundary(&req.boundary);
-    let boundary = node.active_boundary(&req.boundary)?;
+    validate_boundary_name(&req.boundary)?;
     let echoed = req.criteria.clone();
     let criteria =
         normalize_latest_criteria(req.criteria.into_iter().map(criterion_from_wire).collect())?;
     node.read_barrier().await?;
+    let boundary = node.active_boundary(&req.boundary)?;
     let (results, context) = node
         .blocking(move |s| s.latest_by_criteria(boundary.id, &criteria))
         .await?;
@@ -164,9 +166,10 @@ async fn write_context(
     req: pb::GetWriteContextRequest,
 ) -> Result<pb::WriteContext, Error> {
     note_boundary(&req.boundary);
-    let boundary = node.active_boundary(&req.boundary)?;
+    validate_boundary_name(&req.boundary)?;
     let last: Position = parse_write_id(&req.write_id)?;
     node.read_barrier().await?;
+    let boundary = node.active_boundary(&req.boundary)?;
     let found = node
         .blocking(move |s| s.write_context(boundary.id, last))
         .await?;
@@ -337,8 +340,10 @@ impl EventStore for EventStoreService {
     ) -> Result<Response<pb::ListIndexesResponse>, Status> {
         let node = node_of(&self.ready)?;
         let req = request.into_inner();
-        let result = (|| {
+        let result = async {
             note_boundary(&req.boundary);
+            validate_boundary_name(&req.boundary)?;
+            node.read_barrier().await?;
             let boundary = node.active_boundary(&req.boundary)?;
             let indexes = node.store().with_catalog(|c| {
                 c.indexes
@@ -348,7 +353,8 @@ impl EventStore for EventStoreService {
                     .collect()
             });
             Ok(pb::ListIndexesResponse { indexes })
-        })();
+        }
+        .await;
         reply(result)
     }
 
@@ -358,8 +364,10 @@ impl EventStore for EventStoreService {
     ) -> Result<Response<pb::GetIndexResponse>, Status> {
         let node = node_of(&self.ready)?;
         let req = request.into_inner();
-        let result = (|| {
+        let result = async {
             note_boundary(&req.boundary);
+            validate_boundary_name(&req.boundary)?;
+            node.read_barrier().await?;
             let boundary = node.active_boundary(&req.boundary)?;
             node.store()
                 .with_catalog(|c| {
@@ -374,7 +382,8 @@ impl EventStore for EventStoreService {
                         req.name, req.boundary
                     ))
                 })
-        })();
+        }
+        .await;
         reply(result)
     }
 }

@@ -3,13 +3,17 @@
 
 pub mod admin;
 pub mod auth;
+pub mod bootstrap;
 pub mod cli;
+pub mod cluster;
+pub mod cluster_cli;
 pub mod config;
 pub mod event_store;
 pub mod grpc_layer;
 pub mod http;
 pub mod methods;
 pub mod metrics;
+pub mod peer;
 pub mod rpc;
 pub mod server;
 pub mod state;

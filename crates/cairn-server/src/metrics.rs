@@ -47,6 +47,13 @@ pub struct Metrics {
     pub snapshot_installs: IntCounter,
     /// Log entries each peer is behind the leader.
     pub replication_lag: IntGaugeVec,
+    /// Writes a follower handed to the leader, by result.
+    pub forwarded_writes: IntCounterVec,
+    /// Time a linearizable read on a follower waited for the leader's read index and for
+    /// this node to apply that far, seconds.
+    pub read_index_wait: Histogram,
+    /// Snapshot chunks sent to followers.
+    pub snapshot_chunks_sent: IntCounter,
     /// Positions the furthest-behind subscription of each boundary has not yet scanned.
     pub subscription_lag: IntGaugeVec,
     /// Bytes available to the node on the data directory's filesystem.
@@ -203,6 +210,24 @@ impl Metrics {
                     "Log entries a peer is behind this leader (leaders only)"
                 ),
                 &["peer"]
+            )?),
+            forwarded_writes: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_forwarded_writes_total",
+                    "Writes this follower forwarded to the leader, by result (applied, rejected, unavailable)"
+                ),
+                &["result"]
+            )?),
+            read_index_wait: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "cairn_read_index_wait_seconds",
+                    "Time a follower's linearizable read waited for the leader's read index and its own apply"
+                )
+                .buckets(LATENCY_BUCKETS.to_vec())
+            )?),
+            snapshot_chunks_sent: reg!(IntCounter::new(
+                "cairn_raft_snapshot_chunks_sent_total",
+                "Snapshot chunks sent to followers that lag behind the log"
             )?),
             subscription_lag: reg!(IntGaugeVec::new(
                 Opts::new(

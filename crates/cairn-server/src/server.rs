@@ -7,12 +7,12 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use cairn_core::command::Command;
+use cairn_proto::cairn_v1::cluster_server::ClusterServer;
+use cairn_proto::cairn_v1::raft_server::RaftServer;
 use cairn_proto::orisun::admin_server::AdminServer;
 use cairn_proto::orisun::event_store_server::EventStoreServer;
-use cairn_raft::{NodeOptions, RaftNode};
+use cairn_raft::{Formation, NoPeers, NodeOptions, PeerTransport, RaftNode};
 use cairn_store::StoreOptions;
-use rand::RngCore;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
@@ -22,14 +22,23 @@ use tonic::codec::CompressionEncoding;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::admin::{AdminService, create_user};
+use crate::admin::AdminService;
 use crate::auth::Authenticator;
-use crate::config::{ServeConfig, defaults};
+use crate::bootstrap;
+use crate::config::{Membership, ServeConfig};
 use crate::event_store::EventStoreService;
 use crate::grpc_layer::GrpcLayer;
 use crate::http::{HttpState, router};
 use crate::metrics::Metrics;
+use crate::peer::{
+    ClusterService, MAX_PEER_MESSAGE_BYTES, PeerClient, PeerReady, RaftService, SecretCheck,
+};
 use crate::state::{NodeState, Ready};
+
+/// Time peers get to close their connections to a stopping node.
+const PEER_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// Pause between a joining node's requests to be added to the cluster.
+const JOIN_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Services whose health is reported (plus the server as a whole, "").
 const HEALTH_SERVICES: [&str; 3] = ["", "orisun.EventStore", "orisun.Admin"];
@@ -54,7 +63,10 @@ pub enum ServerError {
     /// Raft or storage failed to start or stop.
     #[error(transparent)]
     Raft(#[from] cairn_raft::RaftError),
-    /// Bootstrap (token key, admin user, boundaries) failed.
+    /// The cluster secret is not usable in a gRPC header.
+    #[error("invalid cluster secret: {0}")]
+    Secret(String),
+    /// The start-up state (token key, admin user, boundaries) never arrived.
     #[error("failed to bootstrap: {0}")]
     Bootstrap(cairn_core::Error),
     /// The gRPC server failed.
@@ -71,7 +83,11 @@ pub struct RunningServer {
     pub grpc_addr: SocketAddr,
     /// Bound HTTP address.
     pub http_addr: SocketAddr,
+    /// Bound peer address (clustered nodes only).
+    pub peer_addr: Option<SocketAddr>,
     node: Arc<NodeState>,
+    peer: Option<PeerServer>,
+    join_task: Option<JoinHandle<()>>,
     health: HealthReporter,
     serving: Arc<AtomicBool>,
     grpc_stop: CancellationToken,
@@ -79,6 +95,7 @@ pub struct RunningServer {
     grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
     http_task: JoinHandle<std::io::Result<()>>,
     metrics_task: JoinHandle<()>,
+    bootstrap_task: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for RunningServer {
@@ -100,53 +117,6 @@ async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
     for service in HEALTH_SERVICES {
         reporter.set_service_status(service, status).await;
     }
-}
-
-/// Description of the admin boundary in the catalog.
-const ADMIN_BOUNDARY_DESCRIPTION: &str = "admin boundary (B5): Orisun clients read it in their start-up health check; Cairn keeps its catalog outside boundaries, so it holds only what clients write";
-/// Description of a boundary declared with `--boundaries`.
-const DECLARED_BOUNDARY_DESCRIPTION: &str = "declared in server configuration";
-
-/// Idempotent start-up writes: the token key, the bootstrap admin, the admin boundary and
-/// the configured boundaries.
-async fn bootstrap(node: &NodeState) -> Result<(), cairn_core::Error> {
-    let mut key = vec![0u8; 32];
-    rand::thread_rng().fill_bytes(&mut key);
-    node.execute(Command::InitTokenKey { key }).await?;
-    let config = &node.config;
-    create_user(
-        node,
-        "Administrator".to_string(),
-        config.admin_username.clone(),
-        config.admin_password.clone(),
-        &["ADMIN".to_string()],
-        true,
-    )
-    .await?;
-    if config.admin_password == defaults::ADMIN_PASSWORD {
-        tracing::warn!(
-            "THE ADMIN PASSWORD IS THE PUBLIC DEFAULT \"{}\": set --admin-password / CAIRN_ADMIN_PASSWORD before exposing this node",
-            defaults::ADMIN_PASSWORD
-        );
-    }
-    let admin = std::iter::once((&config.admin_boundary, ADMIN_BOUNDARY_DESCRIPTION));
-    let declared = config
-        .boundaries
-        .iter()
-        .filter(|name| **name != config.admin_boundary)
-        .map(|name| (name, DECLARED_BOUNDARY_DESCRIPTION));
-    for (name, description) in admin.chain(declared) {
-        node.execute(Command::CreateBoundary {
-            name: name.clone(),
-            description: description.to_string(),
-            placement: None,
-            existed_before_catalog: false,
-            idempotent_event_ids: false,
-            if_absent: true,
-        })
-        .await?;
-    }
-    Ok(())
 }
 
 /// How often Raft metrics are sampled into the registry.
@@ -231,6 +201,83 @@ pub fn start(config: ServeConfig) -> Boxed<Result<RunningServer, ServerError>> {
         let grpc_listener = bind(config.listen).await?;
         let http_listener = bind(config.http_listen).await?;
         serve_on(config, grpc_listener, http_listener).await
+    })
+}
+
+/// The peer port's server.
+struct PeerServer {
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+/// Serves `cairn.v1.Raft` and `cairn.v1.Cluster` on `listener`, every call checked against
+/// the cluster secret; both answer UNAVAILABLE until `ready` is set.
+fn spawn_peer_server(listener: TcpListener, secret: &str, ready: PeerReady) -> PeerServer {
+    let check = SecretCheck::new(Some(secret));
+    let raft = tonic::service::interceptor::InterceptedService::new(
+        RaftServer::new(RaftService::new(ready.clone()))
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES),
+        check.clone(),
+    );
+    let cluster = tonic::service::interceptor::InterceptedService::new(
+        ClusterServer::new(ClusterService::new(ready))
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES),
+        check,
+    );
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(raft)
+            .add_service(cluster)
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(listener).map(|accepted| {
+                    accepted.inspect(|stream| {
+                        if let Err(e) = stream.set_nodelay(true) {
+                            tracing::warn!("failed to set TCP_NODELAY on a peer connection: {e}");
+                        }
+                    })
+                }),
+                stop.clone().cancelled_owned(),
+            ),
+    );
+    PeerServer { stop, task }
+}
+
+/// A node started with `--join` and no Raft state asks the member at `target` (which hands
+/// the request to the leader) to add it as a learner, until that succeeds.
+fn spawn_join(node: Arc<NodeState>, target: String) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let address = node.config.advertise_addr.clone();
+        let node_id = node.raft.node_id();
+        loop {
+            let request = node
+                .peers
+                .cluster_request(cairn_proto::cairn_v1::AddLearnerRequest {
+                    node_id,
+                    address: address.clone(),
+                });
+            let result = match node.peers.cluster(&target) {
+                Ok(mut client) => client.add_learner(request).await.map(|_| ()),
+                Err(status) => Err(status),
+            };
+            match result {
+                Ok(()) => {
+                    tracing::info!(%target, node_id, "joined the cluster as a learner");
+                    return;
+                }
+                Err(status) => {
+                    tracing::warn!(
+                        %target,
+                        "failed to join the cluster, retrying in {}s: {}",
+                        JOIN_RETRY_INTERVAL.as_secs(),
+                        status.message()
+                    );
+                    tokio::time::sleep(JOIN_RETRY_INTERVAL).await;
+                }
+            }
+        }
     })
 }
 
@@ -323,13 +370,62 @@ async fn serve_on(
             .with_graceful_shutdown(http_stop.clone().cancelled_owned())
             .into_future(),
     );
-    tracing::info!(%grpc_addr, %http_addr, "listening; opening storage");
+    let peer_ready: PeerReady = Arc::new(OnceLock::new());
+    let peer_listener = match &config.cluster {
+        Some(cluster) => match bind(cluster.peer_listen).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                grpc_stop.cancel();
+                http_stop.cancel();
+                let _ = grpc_task.await;
+                let _ = http_task.await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    let peer_addr = peer_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let peer = match (&config.cluster, peer_listener) {
+        (Some(cluster), Some(listener)) => Some(spawn_peer_server(
+            listener,
+            &cluster.secret,
+            peer_ready.clone(),
+        )),
+        _ => None,
+    };
+    // Empty when the node runs alone.
+    let peer_addr_text = peer_addr.map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(%grpc_addr, %http_addr, peer_addr = %peer_addr_text, "listening; opening storage");
 
     let started = async {
+        let (peers, transport, formation) = match &config.cluster {
+            Some(cluster) => {
+                let local_ip = Some(cluster.peer_listen.ip()).filter(|ip| !ip.is_unspecified());
+                let peers = Arc::new(
+                    PeerClient::new(Some(&cluster.secret), local_ip)
+                        .map_err(ServerError::Secret)?
+                        .counting_snapshot_chunks(metrics.snapshot_chunks_sent.clone()),
+                );
+                let formation = match &cluster.membership {
+                    Membership::Initial(members) => Formation::Initial(members.clone()),
+                    Membership::Join(_) => Formation::Join,
+                };
+                let transport: Arc<dyn PeerTransport> = peers.clone();
+                (peers, transport, formation)
+            }
+            None => {
+                let peers = Arc::new(PeerClient::new(None, None).map_err(ServerError::Secret)?);
+                let transport: Arc<dyn PeerTransport> = Arc::new(NoPeers);
+                (peers, transport, Formation::Alone)
+            }
+        };
         let raft = RaftNode::start(NodeOptions {
             node_id: config.node_id,
             data_dir: config.data_dir.clone(),
             advertise_addr: config.advertise_addr.clone(),
+            formation,
+            transport,
+            timing: config.timing,
             snapshot_every_entries: config.snapshot_every_entries,
             snapshot_every_bytes: config.snapshot_every_bytes,
             store: StoreOptions {
@@ -349,18 +445,45 @@ async fn serve_on(
             process_id: uuid::Uuid::new_v4().to_string(),
             shutdown: CancellationToken::new(),
             subscriptions: Default::default(),
+            peers,
         });
-        bootstrap(&node).await.map_err(ServerError::Bootstrap)?;
-        Ok::<_, ServerError>(node)
+        // Peers reach Raft from here on: a new member must take part in elections and
+        // receive the log before it can serve.
+        let _ = peer_ready.set(node.clone());
+        let join_task = match &config.cluster {
+            Some(cluster) => match &cluster.membership {
+                Membership::Join(target) if !node.raft.is_member() => {
+                    Some(spawn_join(node.clone(), target.clone()))
+                }
+                _ => None,
+            },
+            None => None,
+        };
+        let bootstrap_task = bootstrap::spawn(node.clone());
+        if let Err(e) = bootstrap::wait_until_ready(&node).await {
+            bootstrap_task.abort();
+            if let Some(join) = join_task {
+                join.abort();
+            }
+            if let Err(e) = node.raft.shutdown().await {
+                tracing::warn!("failed to stop raft after a failed start: {e}");
+            }
+            return Err(ServerError::Bootstrap(e));
+        }
+        Ok::<_, ServerError>((node, bootstrap_task, join_task))
     }
     .await;
-    let node = match started {
-        Ok(node) => node,
+    let (node, bootstrap_task, join_task) = match started {
+        Ok(started) => started,
         Err(e) => {
             grpc_stop.cancel();
             http_stop.cancel();
             let _ = grpc_task.await;
             let _ = http_task.await;
+            if let Some(peer) = peer {
+                peer.stop.cancel();
+                let _ = peer.task.await;
+            }
             return Err(e);
         }
     };
@@ -372,6 +495,7 @@ async fn serve_on(
     tracing::info!(
         %grpc_addr,
         %http_addr,
+        peer_addr = %peer_addr_text,
         data_dir = %config.data_dir.display(),
         node_id = config.node_id,
         "cairn is serving"
@@ -379,7 +503,10 @@ async fn serve_on(
     Ok(RunningServer {
         grpc_addr,
         http_addr,
+        peer_addr,
         node,
+        peer,
+        join_task,
         health,
         serving,
         grpc_stop,
@@ -387,6 +514,7 @@ async fn serve_on(
         grpc_task,
         http_task,
         metrics_task,
+        bootstrap_task,
     })
 }
 
@@ -425,7 +553,24 @@ impl RunningServer {
             tracing::warn!("HTTP server ended with an error: {e}");
         }
         self.metrics_task.abort();
+        self.bootstrap_task.abort();
+        if let Some(join) = self.join_task {
+            join.abort();
+        }
         self.node.raft.shutdown().await?;
+        if let Some(peer) = self.peer {
+            peer.stop.cancel();
+            let mut task = peer.task;
+            match tokio::time::timeout(PEER_SHUTDOWN_GRACE, &mut task).await {
+                Ok(joined) => {
+                    if let Err(e) = joined? {
+                        tracing::warn!("peer server ended with an error: {e}");
+                    }
+                }
+                // Peers hold their connections open; they reconnect to the next instance.
+                Err(_) => task.abort(),
+            }
+        }
         tracing::info!("shut down cleanly");
         Ok(())
     }

@@ -6,13 +6,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use cairn_core::Error;
 use cairn_core::boundary::{BoundaryInfo, validate_boundary_name};
 use cairn_core::command::{Command, Outcome};
-use cairn_raft::RaftNode;
+use cairn_raft::{RaftError, RaftNode};
 use cairn_store::Store;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
 use crate::config::ServeConfig;
 use crate::metrics::Metrics;
+use crate::peer::{ForwardReply, PeerClient};
+
+/// Pause before asking again when the node a call was forwarded to no longer leads and
+/// names no successor yet.
+const LEADER_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Everything a request handler needs.
 pub struct NodeState {
@@ -30,6 +35,8 @@ pub struct NodeState {
     pub shutdown: CancellationToken,
     /// Open subscriptions and how far behind they are.
     pub subscriptions: Arc<crate::subscription::Registry>,
+    /// Other nodes' peer ports: forwarding, read indexes, membership calls.
+    pub peers: Arc<PeerClient>,
 }
 
 impl std::fmt::Debug for NodeState {
@@ -65,15 +72,108 @@ impl NodeState {
             .ok_or_else(|| Error::BoundaryNotActive(name.to_string()))
     }
 
-    /// Replicates a command and returns its outcome.
+    /// Replicates a command and returns its outcome. On a follower the command goes to the
+    /// leader over the peer port and its outcome (conflicts included) comes back. Waits up
+    /// to the configured leader wait while no leader is known; a command is retried only
+    /// when the node it went to did not propose it, so nothing is applied twice.
     pub async fn propose(&self, command: Command) -> Result<Outcome, Error> {
         let timer = self.metrics.raft_write_duration.start_timer();
-        let outcome = self.raft.write(command).await.map_err(|e| {
-            tracing::warn!("failed to replicate command: {e}");
-            Error::from(e)
-        });
+        // A leader cut off from its majority keeps proposing until it learns of its
+        // successor: bound the wait, the outcome is then unknown to us.
+        let bound = self.config.leader_wait * 2;
+        let outcome = match tokio::time::timeout(bound, self.propose_anywhere(command)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::Unavailable(format!(
+                "the write was not committed within {} ms (is a majority of the cluster reachable?); it may or may not be applied",
+                bound.as_millis()
+            ))),
+        };
         timer.observe_duration();
         outcome
+    }
+
+    async fn propose_anywhere(&self, command: Command) -> Result<Outcome, Error> {
+        let deadline = tokio::time::Instant::now() + self.config.leader_wait;
+        loop {
+            let (leader_id, leader_addr) = match self.raft.write(command.clone()).await {
+                Err(RaftError::ForwardToLeader {
+                    leader_id,
+                    leader_addr,
+                }) => (leader_id, leader_addr),
+                Err(e) => {
+                    tracing::warn!("failed to replicate a command: {e}");
+                    return Err(e.into());
+                }
+                Ok(outcome) => return Ok(outcome),
+            };
+            match (leader_id, leader_addr) {
+                (Some(id), Some(addr)) if id != self.raft.node_id() => {
+                    match self.peers.forward(&addr, &command).await {
+                        Ok(ForwardReply::Outcome(outcome)) => {
+                            let result = if outcome.is_ok() {
+                                "applied"
+                            } else {
+                                "rejected"
+                            };
+                            self.metrics
+                                .forwarded_writes
+                                .with_label_values(&[result])
+                                .inc();
+                            return Ok(outcome);
+                        }
+                        // It lost leadership before proposing: ask whoever leads now.
+                        Ok(ForwardReply::NotLeader { .. }) => {
+                            self.wait_for_a_leader(deadline).await?;
+                            tokio::time::sleep(LEADER_RETRY_PAUSE).await;
+                        }
+                        Ok(ForwardReply::Unavailable(message)) => {
+                            self.metrics
+                                .forwarded_writes
+                                .with_label_values(&["unavailable"])
+                                .inc();
+                            return Err(Error::Unavailable(format!(
+                                "the leader (node {id}) could not replicate the write, which may or may not be applied: {message}"
+                            )));
+                        }
+                        Err(status) => {
+                            self.metrics
+                                .forwarded_writes
+                                .with_label_values(&["unavailable"])
+                                .inc();
+                            tracing::warn!(
+                                "failed to forward a write to the leader, node {id} at {addr}: {status}"
+                            );
+                            return Err(Error::Unavailable(format!(
+                                "lost contact with the leader (node {id}) while forwarding the write, which may or may not be applied: {}",
+                                status.message()
+                            )));
+                        }
+                    }
+                }
+                _ => self.wait_for_a_leader(deadline).await?,
+            }
+        }
+    }
+
+    /// Waits until some node leads, or answers UNAVAILABLE at `deadline`.
+    async fn wait_for_a_leader(&self, deadline: tokio::time::Instant) -> Result<(), Error> {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if remaining.is_zero() {
+            return Err(self.no_leader());
+        }
+        match self.raft.wait_for_leader(remaining).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::Timeout(_)) => Err(self.no_leader()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn no_leader(&self) -> Error {
+        Error::Unavailable(format!(
+            "no leader was elected within {} ms: a majority of the cluster is unreachable from node {}",
+            self.config.leader_wait.as_millis(),
+            self.raft.node_id()
+        ))
     }
 
     /// Proposes and flattens: a domain rejection becomes the error.
@@ -81,9 +181,59 @@ impl NodeState {
         self.propose(command).await?
     }
 
-    /// Linearizable read barrier.
+    /// Linearizable read barrier: returns once this node has applied everything committed
+    /// before the call. The leader confirms its leadership with a quorum; a follower asks
+    /// the leader for its read index and waits until it has applied that far.
     pub async fn read_barrier(&self) -> Result<(), Error> {
-        self.raft.read_barrier().await.map_err(Error::from)
+        let bound = self.config.leader_wait * 2;
+        match tokio::time::timeout(bound, self.linearize()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Unavailable(format!(
+                "could not confirm a linearizable read within {} ms: is a majority of the cluster reachable?",
+                bound.as_millis()
+            ))),
+        }
+    }
+
+    async fn linearize(&self) -> Result<(), Error> {
+        let deadline = tokio::time::Instant::now() + self.config.leader_wait;
+        loop {
+            let (leader_id, leader_addr) = match self.raft.read_barrier().await {
+                Ok(()) => return Ok(()),
+                Err(RaftError::ForwardToLeader {
+                    leader_id,
+                    leader_addr,
+                }) => (leader_id, leader_addr),
+                Err(e) => return Err(e.into()),
+            };
+            match (leader_id, leader_addr) {
+                (Some(id), Some(addr)) if id != self.raft.node_id() => {
+                    let timer = self.metrics.read_index_wait.start_timer();
+                    let index = match self.peers.read_index(&addr).await {
+                        Ok(Some(index)) => index,
+                        // The node named has lost leadership: ask its successor.
+                        Ok(None) => {
+                            timer.stop_and_discard();
+                            self.wait_for_a_leader(deadline).await?;
+                            tokio::time::sleep(LEADER_RETRY_PAUSE).await;
+                            continue;
+                        }
+                        Err(status) => {
+                            timer.stop_and_discard();
+                            return Err(Error::Unavailable(format!(
+                                "failed to get a read index from the leader (node {id}): {}",
+                                status.message()
+                            )));
+                        }
+                    };
+                    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let applied = self.raft.wait_applied(index, remaining).await;
+                    timer.observe_duration();
+                    return applied.map_err(Error::from);
+                }
+                _ => self.wait_for_a_leader(deadline).await?,
+            }
+        }
     }
 
     /// Runs blocking store work off the async threads.

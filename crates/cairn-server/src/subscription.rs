@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use crate::state::{NodeState, unix_nanos};
+use crate::state::NodeState;
 
 /// Events read from storage per page.
 pub const PAGE_SIZE: usize = 512;
@@ -110,7 +110,7 @@ impl Lease {
             boundary: self.boundary.clone(),
             subscriber: self.subscriber.clone(),
             holder: self.holder.clone(),
-            at_unix_nanos: unix_nanos(),
+            at_unix_nanos: 0, // stamped by the leader's proposer
             ttl_nanos: node.config.lease_ttl.as_nanos() as i64,
         }
     }

@@ -3,14 +3,13 @@
 
 use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rocksdb::checkpoint::Checkpoint;
-use rocksdb::{DB, IteratorMode, Options, WriteBatch};
+use rocksdb::{DB, IteratorMode, Options, WriteBatch, WriteOptions};
 
 use crate::catalog::Catalog;
-use crate::keys::meta;
-use crate::{ALL_CFS, CF_SM_META, STATE_MACHINE_CFS, Store, StoreError};
+use crate::{ALL_CFS, CF_RAFT_LOG, CF_RAFT_META, STATE_MACHINE_CFS, Store, StoreError};
 
 const PACK_MAGIC: &[u8] = b"CAIRN-SNAPSHOT-1\n";
 /// Upper bound of a key in any state-machine column family (all start below 0xff).
@@ -18,26 +17,70 @@ const KEY_SPACE_END: [u8; 16] = [0xff; 16];
 /// Size at which a copy batch is written while installing.
 const INSTALL_BATCH_BYTES: usize = 4 * 1024 * 1024;
 
+/// Key (default column family, outside the state machine) naming the checkpoint whose
+/// installation has begun and not finished. Installing replaces the state machine in
+/// several writes; if the process dies in between, the next open finishes the job from the
+/// same checkpoint before anything reads the half-replaced state.
+const INSTALL_PENDING: &[u8] = b"install_pending";
+
 impl Store {
-    /// Takes a checkpoint of the whole database into `dir` (which must not exist) and
+    /// Takes a checkpoint of the state machine into `dir` (which must not exist) and
     /// returns the applied marker it corresponds to. Holds the writer lock so that no entry
-    /// is applied between the marker and the checkpoint.
+    /// is applied between the marker and the checkpoint. The checkpoint carries the state
+    /// machine's column families only: the Raft log stays with each node.
     pub fn create_checkpoint(&self, dir: &Path) -> Result<Option<Vec<u8>>, StoreError> {
         // The checkpoint flushes the memtables while holding the writer lock, which stalls
         // apply for as long as the flush takes (hundreds of milliseconds with full
         // memtables). Flushing first, unlocked, leaves it only what arrives meanwhile.
         self.flush()?;
-        let _writer = self.lock_writer();
-        let marker = self.with_catalog(|c| c.applied_marker.clone());
-        Checkpoint::new(&self.inner.db)?.create_checkpoint(dir)?;
+        let marker = {
+            let _writer = self.lock_writer();
+            let marker = self.with_catalog(|c| c.applied_marker.clone());
+            Checkpoint::new(&self.inner.db)?.create_checkpoint(dir)?;
+            marker
+        };
+        drop_raft_column_families(dir)?;
         Ok(marker)
     }
 
     /// Replaces the state machine with the one in checkpoint `dir`, then reloads the
-    /// catalog. The Raft log column families are left alone.
+    /// catalog. The Raft log column families are left alone. Crash-safe: see
+    /// [`Store::resume_install`].
     pub fn install_checkpoint(&self, dir: &Path) -> Result<(), StoreError> {
         let _writer = self.lock_writer();
-        let source = DB::open_cf_for_read_only(&Options::default(), dir, ALL_CFS, false)?;
+        let db = &self.inner.db;
+        let mut sync = WriteOptions::default();
+        sync.set_sync(true);
+        let path = dir.to_string_lossy();
+        db.put_opt(INSTALL_PENDING, path.as_bytes(), &sync)?;
+        self.copy_state_machine(dir)?;
+        db.delete_opt(INSTALL_PENDING, &sync)?;
+        let catalog = Catalog::load(db)?;
+        self.with_catalog_mut(|c| *c = catalog);
+        Ok(())
+    }
+
+    /// The checkpoint an interrupted installation was copying, if one was: the state
+    /// machine is half replaced until [`Store::resume_install`] finishes it.
+    pub fn pending_install(&self) -> Result<Option<PathBuf>, StoreError> {
+        Ok(self
+            .inner
+            .db
+            .get(INSTALL_PENDING)?
+            .map(|bytes| PathBuf::from(String::from_utf8_lossy(&bytes).into_owned())))
+    }
+
+    /// Finishes an installation a crash interrupted (a no-op when none was).
+    pub fn resume_install(&self) -> Result<Option<PathBuf>, StoreError> {
+        let Some(dir) = self.pending_install()? else {
+            return Ok(None);
+        };
+        self.install_checkpoint(&dir)?;
+        Ok(Some(dir))
+    }
+
+    fn copy_state_machine(&self, dir: &Path) -> Result<(), StoreError> {
+        let source = DB::open_cf_for_read_only(&Options::default(), dir, STATE_MACHINE_CFS, false)?;
         let db = &self.inner.db;
         for name in STATE_MACHINE_CFS {
             let live = self.cf(name)?;
@@ -56,19 +99,20 @@ impl Store {
             db.write(batch)?;
         }
         db.flush_wal(true)?;
-        let catalog = Catalog::load(db)?;
-        self.with_catalog_mut(|c| *c = catalog);
         Ok(())
     }
+}
 
-    /// Reads the applied marker stored in checkpoint `dir`.
-    pub fn checkpoint_marker(dir: &Path) -> Result<Option<Vec<u8>>, StoreError> {
-        let source = DB::open_cf_for_read_only(&Options::default(), dir, ALL_CFS, false)?;
-        let cf = source
-            .cf_handle(CF_SM_META)
-            .ok_or(StoreError::MissingColumnFamily(CF_SM_META))?;
-        Ok(source.get_cf(cf, meta::APPLIED)?)
+/// Removes the Raft log's column families from checkpoint `dir` (an independent copy of
+/// the database: its files are hard links, so the live database is not touched).
+fn drop_raft_column_families(dir: &Path) -> Result<(), StoreError> {
+    let mut opts = Options::default();
+    opts.set_disable_auto_compactions(true);
+    let mut checkpoint = DB::open_cf(&opts, dir, ALL_CFS)?;
+    for name in [CF_RAFT_LOG, CF_RAFT_META] {
+        checkpoint.drop_cf(name)?;
     }
+    Ok(())
 }
 
 /// Packs the regular files of `dir` into one file at `out`.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,11 +32,28 @@ pub struct Node {
     pub data_dir: PathBuf,
 }
 
+/// A `cairn serve` process that has not yet reported that it serves.
+pub struct Launching {
+    child: Child,
+    serving: std::sync::mpsc::Receiver<(String, String)>,
+    log: Arc<Mutex<Vec<String>>>,
+    data_dir: PathBuf,
+}
+
+/// What a log line says, for the reader thread's callers.
+pub type LogWatcher = Box<dyn FnMut(&serde_json::Value) + Send>;
+
 impl Node {
     /// Starts `cairn serve` on ephemeral loopback ports with `data_dir` and any `extra`
     /// flags, and waits until it serves. Nothing else is set: every other flag keeps its
     /// default, as for a user typing `cairn serve`.
     pub fn spawn(data_dir: &Path, extra: &[&str]) -> Node {
+        Node::launch(data_dir, extra, None).serving()
+    }
+
+    /// Starts `cairn serve` like [`Node::spawn`] without waiting; `watch` sees every log
+    /// line as it arrives (e.g. to learn the peer address before the node serves).
+    pub fn launch(data_dir: &Path, extra: &[&str], mut watch: Option<LogWatcher>) -> Launching {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args([
                 "serve",
@@ -59,30 +78,23 @@ impl Node {
             let mut sent = false;
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if !sent
-                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
-                    && v["fields"]["message"] == "cairn is serving"
-                {
-                    let addr =
-                        |key: &str| v["fields"][key].as_str().unwrap_or_default().to_string();
-                    let _ = tx.send((addr("grpc_addr"), addr("http_addr")));
-                    sent = true;
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                    if let Some(watch) = watch.as_mut() {
+                        watch(&v);
+                    }
+                    if !sent && v["fields"]["message"] == "cairn is serving" {
+                        let addr =
+                            |key: &str| v["fields"][key].as_str().unwrap_or_default().to_string();
+                        let _ = tx.send((addr("grpc_addr"), addr("http_addr")));
+                        sent = true;
+                    }
                 }
                 lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
             }
         });
-        let (addr, http_addr) = match rx.recv_timeout(START_TIMEOUT) {
-            Ok(addrs) => addrs,
-            Err(_) => {
-                let _ = child.kill();
-                let output = log.lock().unwrap_or_else(|p| p.into_inner()).join("\n");
-                panic!("cairn did not report that it serves; its log:\n{output}");
-            }
-        };
-        Node {
-            child: Some(child),
-            addr: addr.parse().expect("gRPC address"),
-            http_addr: http_addr.parse().expect("HTTP address"),
+        Launching {
+            child,
+            serving: rx,
             log,
             data_dir: data_dir.to_path_buf(),
         }
@@ -96,6 +108,26 @@ impl Node {
             .connect()
             .await
             .expect("connect")
+    }
+
+    /// The process id (signals).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Sends `signal` (e.g. "STOP", "CONT") to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("running");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
     }
 
     /// SIGKILL, and reap.
@@ -127,6 +159,39 @@ impl Drop for Node {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+impl Launching {
+    /// Waits until the node serves (panics with its log after a minute).
+    pub fn serving(mut self) -> Node {
+        let (addr, http_addr) = match self.serving.recv_timeout(START_TIMEOUT) {
+            Ok(addrs) => addrs,
+            Err(_) => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let output = self
+                    .log
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .join("\n");
+                panic!("cairn did not report that it serves; its log:\n{output}");
+            }
+        };
+        Node {
+            child: Some(self.child),
+            addr: addr.parse().expect("gRPC address"),
+            http_addr: http_addr.parse().expect("HTTP address"),
+            log: self.log,
+            data_dir: self.data_dir,
+        }
+    }
+
+    /// Waits for the node off the async threads.
+    pub async fn serving_async(self) -> Node {
+        tokio::task::spawn_blocking(move || self.serving())
+            .await
+            .expect("join")
     }
 }
 

@@ -1,0 +1,263 @@
+//! Starting a node: open storage, start openraft over the given transport, and form a new
+//! group when this node is the one to do it. Joining, leading and the start-up writes are
+//! the callers' business: a node is useful as soon as openraft runs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_store::{Store, StoreOptions};
+use openraft::{BasicNode, Config, SnapshotPolicy};
+
+use crate::heads::HeadWatch;
+use crate::log_store::LogStore;
+use crate::network::{Network, PeerTransport};
+use crate::node::RaftNode;
+use crate::proposer::Proposer;
+use crate::state_machine::StateMachine;
+use crate::{Raft, RaftError, RaftObserver};
+
+/// Default: build a snapshot (and allow purging the log) every this many applied entries.
+pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
+/// Default: also build one after this many bytes of proposed commands, so a log of large
+/// entries (seeding writes 1,000 events per entry) is purged long before the entry count
+/// says so.
+pub const DEFAULT_SNAPSHOT_EVERY_BYTES: u64 = 1024 * 1024 * 1024;
+/// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
+pub const LOG_ENTRIES_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
+/// Interval between attempts to open a locked data directory.
+const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// Time a follower allows a leader to send one snapshot chunk and install the last one.
+const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Raft timing. Elections start after a random timeout in `[election_min, election_max]`
+/// without a heartbeat; the leader sends one every `heartbeat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaftTiming {
+    /// Leader heartbeat interval.
+    pub heartbeat: Duration,
+    /// Shortest election timeout.
+    pub election_min: Duration,
+    /// Longest election timeout.
+    pub election_max: Duration,
+}
+
+impl Default for RaftTiming {
+    fn default() -> Self {
+        RaftTiming {
+            heartbeat: Duration::from_millis(250),
+            election_min: Duration::from_millis(1000),
+            election_max: Duration::from_millis(2000),
+        }
+    }
+}
+
+/// How a node without Raft state comes to belong to a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Formation {
+    /// Form a one-node group of this node (`cairn serve` without peers).
+    Alone,
+    /// These members (node id → peer address, this node among them) form the group; the
+    /// lowest id initialises it, the others wait to hear from it.
+    Initial(BTreeMap<u64, String>),
+    /// Never initialise: a running group adds this node (`--join`).
+    Join,
+}
+
+/// How to run the node's Raft group.
+#[derive(Clone)]
+pub struct NodeOptions {
+    /// Raft node id.
+    pub node_id: u64,
+    /// Data directory (RocksDB under `db/`, snapshots under `snapshots/`).
+    pub data_dir: PathBuf,
+    /// Address peers use to reach this node.
+    pub advertise_addr: String,
+    /// What to do when the data directory holds no Raft state yet. Ignored on restart: the
+    /// persisted membership is used.
+    pub formation: Formation,
+    /// Carries Raft messages to peers.
+    pub transport: Arc<dyn PeerTransport>,
+    /// Heartbeat and election timeouts.
+    pub timing: RaftTiming,
+    /// Snapshot policy: entries between snapshots.
+    pub snapshot_every_entries: u64,
+    /// Snapshot policy: approximate command bytes between snapshots (whichever of the two
+    /// comes first).
+    pub snapshot_every_bytes: u64,
+    /// RocksDB tuning.
+    pub store: StoreOptions,
+    /// How long to wait for the data directory while another process holds it (e.g. the
+    /// previous instance of this node is still shutting down).
+    pub lock_wait: Duration,
+    /// Receives apply and snapshot events (metrics).
+    pub observer: Arc<dyn RaftObserver>,
+    /// Batch entries the proposer keeps in flight (≥ 1).
+    pub max_inflight_batches: usize,
+}
+
+impl std::fmt::Debug for NodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeOptions")
+            .field("node_id", &self.node_id)
+            .field("data_dir", &self.data_dir)
+            .field("advertise_addr", &self.advertise_addr)
+            .field("formation", &self.formation)
+            .field("timing", &self.timing)
+            .field("snapshot_every_entries", &self.snapshot_every_entries)
+            .field("snapshot_every_bytes", &self.snapshot_every_bytes)
+            .field("lock_wait", &self.lock_wait)
+            .field("max_inflight_batches", &self.max_inflight_batches)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens the store, waiting up to `lock_wait` while another process holds the directory.
+async fn open_store(opts: &NodeOptions) -> Result<Store, RaftError> {
+    let deadline = tokio::time::Instant::now() + opts.lock_wait;
+    let mut warned = false;
+    loop {
+        let db_dir = opts.data_dir.join("db");
+        let store_opts = opts.store.clone();
+        let opened = tokio::task::spawn_blocking(move || Store::open(&db_dir, &store_opts))
+            .await
+            .map_err(|e| RaftError::Fatal(format!("storage open task failed: {e}")))?;
+        match opened {
+            Ok(store) => return Ok(store),
+            Err(e) if e.is_locked() && tokio::time::Instant::now() < deadline => {
+                if !warned {
+                    tracing::warn!(
+                        "data directory {} is locked by another process; waiting up to {}s for it",
+                        opts.data_dir.display(),
+                        opts.lock_wait.as_secs()
+                    );
+                    warned = true;
+                }
+                tokio::time::sleep(LOCK_RETRY_INTERVAL).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn raft_config(opts: &NodeOptions) -> Result<Config, RaftError> {
+    let millis = |d: Duration| d.as_millis() as u64;
+    Ok(Config {
+        cluster_name: "cairn".to_string(),
+        heartbeat_interval: millis(opts.timing.heartbeat),
+        election_timeout_min: millis(opts.timing.election_min),
+        election_timeout_max: millis(opts.timing.election_max),
+        install_snapshot_timeout: millis(SNAPSHOT_CHUNK_TIMEOUT),
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: LOG_ENTRIES_KEPT_AFTER_SNAPSHOT,
+        // A follower further behind than what the log keeps after a snapshot catches up
+        // from the snapshot.
+        replication_lag_threshold: opts.snapshot_every_entries + LOG_ENTRIES_KEPT_AFTER_SNAPSHOT,
+        ..Config::default()
+    }
+    .validate()?)
+}
+
+/// The members to initialise a new group with, if this node is the one to do it.
+pub(crate) fn members_to_initialise(
+    node_id: u64,
+    advertise_addr: &str,
+    formation: &Formation,
+) -> Option<BTreeMap<u64, BasicNode>> {
+    match formation {
+        Formation::Alone => Some(BTreeMap::from([(
+            node_id,
+            BasicNode {
+                addr: advertise_addr.to_string(),
+            },
+        )])),
+        Formation::Initial(members) => {
+            let lowest = *members.keys().next()?;
+            (lowest == node_id).then(|| {
+                members
+                    .iter()
+                    .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+                    .collect()
+            })
+        }
+        Formation::Join => None,
+    }
+}
+
+impl RaftNode {
+    /// Opens storage and starts openraft. A node without Raft state initialises a new group
+    /// when its [`Formation`] says it is the one to (alone, or the lowest initial member);
+    /// otherwise, and on every restart, it waits for a leader to contact it. Returns as soon
+    /// as openraft runs: whether and when this node leads is for the caller to watch.
+    pub async fn start(opts: NodeOptions) -> Result<RaftNode, RaftError> {
+        let store = open_store(&opts).await?;
+        let heads = HeadWatch::default();
+        let log_store = LogStore::new(store.db().clone())
+            .map_err(|e| RaftError::Fatal(format!("failed to start the raft log syncer: {e}")))?;
+        let sm = StateMachine::new(
+            store.clone(),
+            opts.data_dir.join("snapshots"),
+            heads.clone(),
+            opts.observer.clone(),
+        )?;
+        let raft = Raft::new(
+            opts.node_id,
+            Arc::new(raft_config(&opts)?),
+            Network::new(opts.transport.clone()),
+            log_store,
+            sm,
+        )
+        .await
+        .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        if !initialized {
+            match members_to_initialise(opts.node_id, &opts.advertise_addr, &opts.formation) {
+                Some(members) => {
+                    let ids: Vec<u64> = members.keys().copied().collect();
+                    raft.initialize(members)
+                        .await
+                        .map_err(|e| RaftError::Initialize(e.to_string()))?;
+                    tracing::info!(node_id = opts.node_id, members = ?ids, "initialised a new raft group");
+                }
+                None => tracing::info!(
+                    node_id = opts.node_id,
+                    "no raft state yet: waiting for the group's leader to contact this node"
+                ),
+            }
+        }
+        let proposer = Proposer::spawn(
+            raft.clone(),
+            opts.observer.clone(),
+            opts.max_inflight_batches,
+            opts.snapshot_every_bytes,
+        );
+        Ok(RaftNode::new(raft, store, heads, opts.node_id, proposer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_lowest_initial_member_forms_a_group() {
+        let members = BTreeMap::from([
+            (3, "c:5006".to_string()),
+            (1, "a:5006".to_string()),
+            (2, "b:5006".to_string()),
+        ]);
+        let initial = Formation::Initial(members);
+        let formed = members_to_initialise(1, "a:5006", &initial).expect("node 1 forms it");
+        assert_eq!(formed.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(formed[&2].addr, "b:5006");
+        assert!(members_to_initialise(2, "b:5006", &initial).is_none());
+        assert!(members_to_initialise(7, "x:1", &Formation::Join).is_none());
+        let alone = members_to_initialise(4, "me:5006", &Formation::Alone).expect("alone");
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone[&4].addr, "me:5006");
+    }
+}

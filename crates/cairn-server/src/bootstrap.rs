@@ -1,0 +1,153 @@
+//! The start-up writes: the session-token key, the bootstrap admin user, the admin
+//! boundary and the `--boundaries`. They are proposed by whichever node leads, each time a
+//! node becomes leader, and only what the replicated catalog still lacks, so a cluster
+//! writes them once and a restart or a leader change writes nothing. A node serves once it
+//! has applied the token key (it authenticates with it), which is proposed last. Declared
+//! boundaries come from the leader's configuration: members of one cluster share theirs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_core::Error;
+use cairn_core::command::Command;
+use rand::RngCore;
+use tokio::task::JoinHandle;
+
+use crate::admin::create_user;
+use crate::config::defaults;
+use crate::state::NodeState;
+
+/// Description of the admin boundary in the catalog.
+const ADMIN_BOUNDARY_DESCRIPTION: &str = "admin boundary (B5): Orisun clients read it in their start-up health check; Cairn keeps its catalog outside boundaries, so it holds only what clients write";
+/// Description of a boundary declared with `--boundaries`.
+const DECLARED_BOUNDARY_DESCRIPTION: &str = "declared in server configuration";
+/// Pause before a leader retries start-up writes that failed.
+const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a node still waiting for the start-up state says so.
+const WAITING_NOTICE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What the catalog still lacks of the start-up state.
+struct Missing {
+    token_key: bool,
+    admin_user: bool,
+    boundaries: Vec<(String, &'static str)>,
+}
+
+fn missing(node: &NodeState) -> Missing {
+    let config = &node.config;
+    let wanted = std::iter::once((config.admin_boundary.clone(), ADMIN_BOUNDARY_DESCRIPTION))
+        .chain(
+            config
+                .boundaries
+                .iter()
+                .filter(|name| **name != config.admin_boundary)
+                .map(|name| (name.clone(), DECLARED_BOUNDARY_DESCRIPTION)),
+        );
+    node.store().with_catalog(|c| Missing {
+        token_key: c.token_key.is_none(),
+        admin_user: c.user_by_name(&config.admin_username).is_none(),
+        boundaries: wanted
+            .filter(|(name, _)| !c.boundaries.contains_key(name))
+            .collect(),
+    })
+}
+
+/// Proposes what the catalog lacks. Run by the leader, after a read barrier so that it sees
+/// everything committed before it led. Every command is idempotent on apply as well, so two
+/// leaders in quick succession cannot create anything twice.
+async fn propose_missing(node: &NodeState) -> Result<(), Error> {
+    node.raft.read_barrier().await?;
+    let missing = missing(node);
+    if missing.admin_user {
+        let config = &node.config;
+        create_user(
+            node,
+            "Administrator".to_string(),
+            config.admin_username.clone(),
+            config.admin_password.clone(),
+            &["ADMIN".to_string()],
+            true,
+        )
+        .await?;
+    }
+    for (name, description) in missing.boundaries {
+        node.execute(Command::CreateBoundary {
+            name,
+            description: description.to_string(),
+            placement: None,
+            existed_before_catalog: false,
+            idempotent_event_ids: false,
+            if_absent: true,
+        })
+        .await?;
+    }
+    // Last: a node serves once it has the token key, and log order then guarantees it has
+    // the admin user and the boundaries of the first start as well.
+    if missing.token_key {
+        let mut key = vec![0u8; 32];
+        rand::thread_rng().fill_bytes(&mut key);
+        node.execute(Command::InitTokenKey { key }).await?;
+    }
+    Ok(())
+}
+
+/// Watches this node's leadership and proposes the missing start-up writes each time it
+/// begins to lead (retrying while it leads, if they fail).
+pub fn spawn(node: Arc<NodeState>) -> JoinHandle<()> {
+    if node.config.admin_password == defaults::ADMIN_PASSWORD {
+        tracing::warn!(
+            "THE ADMIN PASSWORD IS THE PUBLIC DEFAULT \"{}\": set --admin-password / CAIRN_ADMIN_PASSWORD before exposing this node",
+            defaults::ADMIN_PASSWORD
+        );
+    }
+    tokio::spawn(async move {
+        // Server metrics change with leadership and membership only, not with every apply.
+        let mut metrics = node.raft.raft().server_metrics();
+        let mut done_in_this_term = false;
+        loop {
+            if node.raft.is_leader() {
+                if !done_in_this_term {
+                    match propose_missing(&node).await {
+                        Ok(()) => done_in_this_term = true,
+                        Err(e) => {
+                            tracing::warn!("failed to propose the start-up writes, retrying: {e}");
+                            tokio::time::sleep(RETRY_INTERVAL).await;
+                            continue;
+                        }
+                    }
+                }
+            } else {
+                done_in_this_term = false;
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Waits until this node has applied the session-token key (it cannot authenticate anyone
+/// before), saying every few seconds what it is waiting for.
+pub async fn wait_until_ready(node: &NodeState) -> Result<(), Error> {
+    let mut metrics = node.raft.raft().metrics();
+    let mut notice = tokio::time::Instant::now() + WAITING_NOTICE_INTERVAL;
+    loop {
+        if node.store().with_catalog(|c| c.token_key.is_some()) {
+            return Ok(());
+        }
+        match tokio::time::timeout_at(notice, metrics.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(Error::Unavailable("raft stopped while starting".into())),
+            Err(_) => {
+                notice += WAITING_NOTICE_INTERVAL;
+                match node.raft.leader() {
+                    Some(leader) => tracing::info!(
+                        leader = leader.id,
+                        "waiting for the start-up writes to reach this node"
+                    ),
+                    None => tracing::info!("waiting for a leader to be elected"),
+                }
+            }
+        }
+    }
+}

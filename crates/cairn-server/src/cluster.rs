@@ -1,0 +1,266 @@
+//! The cluster API's logic: a node's status, and membership changes, which any node
+//! accepts and the leader carries out.
+
+use std::time::Duration;
+
+use cairn_core::{Error, Query};
+use cairn_proto::cairn_v1 as pb;
+use cairn_raft::{ClusterView, RaftError, Role};
+use cairn_store::{Direction, ReadStart};
+
+use crate::state::NodeState;
+
+/// How long a leadership transfer may take before it is reported as failed.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn members(view: &ClusterView) -> Vec<pb::Member> {
+    let voters = view.voters.iter().map(|m| (m, true));
+    let learners = view.learners.iter().map(|m| (m, false));
+    voters
+        .chain(learners)
+        .map(|(m, voter)| pb::Member {
+            node_id: m.id,
+            address: m.addr.clone(),
+            voter,
+        })
+        .collect()
+}
+
+/// The index a majority of voters has stored, as the leader sees it (elsewhere: what this
+/// node has applied, which the commit index is at least).
+fn committed_index(view: &ClusterView) -> u64 {
+    if view.role != Role::Leader {
+        return view.applied_index;
+    }
+    let mut matched: Vec<u64> = view
+        .voters
+        .iter()
+        .map(|m| {
+            if m.id == view.node_id {
+                view.last_log_index
+            } else {
+                view.matched.get(&m.id).copied().unwrap_or(0)
+            }
+        })
+        .collect();
+    matched.sort_unstable_by(|a, b| b.cmp(a));
+    matched.get(matched.len() / 2).copied().unwrap_or(0)
+}
+
+/// This node's view of the cluster and the last position of every boundary it has applied.
+pub async fn status(node: &NodeState) -> Result<pb::StatusResponse, Error> {
+    let view = node.raft.view();
+    let boundaries = node
+        .blocking(|store| {
+            let boundaries: Vec<(String, u32)> = store.with_catalog(|c| {
+                c.boundaries
+                    .values()
+                    .map(|b| (b.name.clone(), b.id))
+                    .collect()
+            });
+            boundaries
+                .into_iter()
+                .map(|(name, id)| {
+                    let last = store.read_events(
+                        id,
+                        &Query::default(),
+                        ReadStart::Edge,
+                        Direction::Desc,
+                        1,
+                    )?;
+                    let (commit, prepare) = last
+                        .first()
+                        .map_or((-1, -1), |e| (e.position.commit, e.position.prepare));
+                    Ok(pb::BoundaryHead {
+                        name,
+                        commit_position: commit,
+                        prepare_position: prepare,
+                    })
+                })
+                .collect()
+        })
+        .await?;
+    Ok(pb::StatusResponse {
+        node_id: view.node_id,
+        role: view.role.as_str().to_string(),
+        term: view.term,
+        leader_id: view.leader.as_ref().map_or(0, |l| l.id),
+        leader_address: view
+            .leader
+            .as_ref()
+            .map(|l| l.addr.clone())
+            .unwrap_or_default(),
+        committed_index: committed_index(&view),
+        applied_index: view.applied_index,
+        last_log_index: view.last_log_index,
+        members: members(&view),
+        followers: view
+            .matched
+            .iter()
+            .filter(|(id, _)| **id != view.node_id)
+            .map(|(id, matched)| pb::FollowerProgress {
+                node_id: *id,
+                matched_index: *matched,
+            })
+            .collect(),
+        boundaries,
+        version: crate::event_store::VERSION.to_string(),
+    })
+}
+
+fn membership(node: &NodeState) -> pb::MembershipResponse {
+    pb::MembershipResponse {
+        members: members(&node.raft.view()),
+    }
+}
+
+/// The leader's address, or why there is none.
+fn leader_addr(e: &RaftError) -> Result<String, Error> {
+    match e {
+        RaftError::ForwardToLeader {
+            leader_addr: Some(addr),
+            ..
+        } => Ok(addr.clone()),
+        other => Err(Error::Unavailable(format!(
+            "no leader to carry out the membership change: {other}"
+        ))),
+    }
+}
+
+fn remote(status: tonic::Status) -> Error {
+    cairn_proto::from_status(&status)
+}
+
+/// Adds a learner (on the leader; elsewhere the call goes to the leader).
+pub async fn add_learner(
+    node: &NodeState,
+    id: u64,
+    address: String,
+) -> Result<pb::MembershipResponse, Error> {
+    if id == 0 || address.is_empty() {
+        return Err(Error::invalid(
+            "a learner needs a node id ≥ 1 and an address",
+        ));
+    }
+    match node.raft.add_learner(id, address.clone()).await {
+        Ok(()) => Ok(membership(node)),
+        Err(e @ RaftError::ForwardToLeader { .. }) => node
+            .peers
+            .cluster(&leader_addr(&e)?)
+            .map_err(remote)?
+            .add_learner(node.peers.cluster_request(pb::AddLearnerRequest {
+                node_id: id,
+                address,
+            }))
+            .await
+            .map(|r| r.into_inner())
+            .map_err(remote),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Promotes a learner to voter.
+pub async fn promote(node: &NodeState, id: u64) -> Result<pb::MembershipResponse, Error> {
+    match node.raft.promote(id).await {
+        Ok(()) => Ok(membership(node)),
+        Err(e @ RaftError::ForwardToLeader { .. }) => node
+            .peers
+            .cluster(&leader_addr(&e)?)
+            .map_err(remote)?
+            .promote(
+                node.peers
+                    .cluster_request(pb::PromoteRequest { node_id: id }),
+            )
+            .await
+            .map(|r| r.into_inner())
+            .map_err(remote),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes a node from the membership.
+pub async fn remove(node: &NodeState, id: u64) -> Result<pb::MembershipResponse, Error> {
+    let view = node.raft.view();
+    if !view.voters.iter().chain(&view.learners).any(|m| m.id == id) {
+        return Err(Error::NotFound(format!("node {id} is not a member")));
+    }
+    if view.voters.len() == 1 && view.voters[0].id == id {
+        return Err(Error::FailedPrecondition(format!(
+            "node {id} is the only voter: removing it would leave no quorum"
+        )));
+    }
+    match node.raft.remove(id).await {
+        Ok(()) => Ok(membership(node)),
+        Err(e @ RaftError::ForwardToLeader { .. }) => node
+            .peers
+            .cluster(&leader_addr(&e)?)
+            .map_err(remote)?
+            .remove_node(
+                node.peers
+                    .cluster_request(pb::RemoveNodeRequest { node_id: id }),
+            )
+            .await
+            .map(|r| r.into_inner())
+            .map_err(remote),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Hands leadership to voter `id` once it has every entry: it starts an election, which it
+/// wins because its log is as long as anyone's.
+pub async fn transfer_leader(node: &NodeState, id: u64) -> Result<u64, Error> {
+    let view = node.raft.view();
+    if view.role != Role::Leader {
+        let leader = view
+            .leader
+            .ok_or_else(|| Error::Unavailable("no leader to transfer from".into()))?;
+        return node
+            .peers
+            .cluster(&leader.addr)
+            .map_err(remote)?
+            .transfer_leader(
+                node.peers
+                    .cluster_request(pb::TransferLeaderRequest { node_id: id }),
+            )
+            .await
+            .map(|r| r.into_inner().leader_id)
+            .map_err(remote);
+    }
+    if id == view.node_id {
+        return Ok(id);
+    }
+    let target = view
+        .voters
+        .iter()
+        .find(|m| m.id == id)
+        .ok_or_else(|| Error::FailedPrecondition(format!("node {id} is not a voter")))?
+        .clone();
+    let matched = view.matched.get(&id).copied().unwrap_or(0);
+    if matched < view.last_log_index {
+        return Err(Error::FailedPrecondition(format!(
+            "node {id} has replicated up to {matched} of {}: wait until it has caught up",
+            view.last_log_index
+        )));
+    }
+    node.peers
+        .cluster(&target.addr)
+        .map_err(remote)?
+        .elect(node.peers.cluster_request(pb::ElectRequest {}))
+        .await
+        .map_err(remote)?;
+    let deadline = tokio::time::Instant::now() + TRANSFER_TIMEOUT;
+    loop {
+        if let Some(leader) = node.raft.leader()
+            && leader.id == id
+        {
+            return Ok(id);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Unavailable(format!(
+                "node {id} did not take over within {}s",
+                TRANSFER_TIMEOUT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,298 @@
+//! `cairn cluster …`: status and membership changes through any member's peer port.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use cairn_proto::cairn_v1 as pb;
+use serde_json::json;
+
+use crate::config::cluster_secret;
+use crate::peer::PeerClient;
+
+/// Default peer endpoint of `cairn cluster` (a local node's peer port).
+pub const DEFAULT_ENDPOINT: &str = "127.0.0.1:5006";
+
+/// Flags of `cairn cluster`.
+#[derive(Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// Peer address (host:port) of any member; changes are carried out by the leader.
+    #[arg(long, env = "CAIRN_ENDPOINT", default_value = DEFAULT_ENDPOINT, global = true)]
+    pub endpoint: String,
+
+    /// The cluster secret (as given to the nodes).
+    #[arg(
+        long,
+        env = "CAIRN_CLUSTER_SECRET",
+        hide_env_values = true,
+        global = true
+    )]
+    pub cluster_secret: Option<String>,
+
+    /// File holding the cluster secret.
+    #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE", global = true)]
+    pub cluster_secret_file: Option<PathBuf>,
+
+    /// Print one JSON object instead of text.
+    #[arg(long, env = "CAIRN_OUTPUT_JSON", global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub action: ClusterAction,
+}
+
+/// `cairn cluster` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ClusterAction {
+    /// The endpoint node's view: role, term, leader, members, log indexes, followers'
+    /// progress, boundaries' last positions.
+    Status,
+    /// Add a node as a learner (it replicates without voting), e.g. one started with --join.
+    AddLearner {
+        /// Raft id of the new node.
+        node_id: u64,
+        /// Its peer address (host:port).
+        address: String,
+    },
+    /// Make a caught-up learner a voter.
+    Promote {
+        /// Raft id of the learner.
+        node_id: u64,
+    },
+    /// Remove a voter or learner from the membership (stop its process afterwards).
+    Remove {
+        /// Raft id of the node.
+        node_id: u64,
+    },
+    /// Hand leadership to another voter that has caught up.
+    TransferLeader {
+        /// Raft id of the voter that should lead.
+        node_id: u64,
+    },
+}
+
+fn describe(status: &tonic::Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
+}
+
+/// Runs a `cairn cluster` subcommand and prints its result.
+pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
+    let secret = cluster_secret(
+        args.cluster_secret.as_deref(),
+        args.cluster_secret_file.as_deref(),
+    )?
+    .context("the cluster API needs --cluster-secret or --cluster-secret-file")?;
+    let peers = PeerClient::new(Some(&secret), None).map_err(anyhow::Error::msg)?;
+    let endpoint = &args.endpoint;
+    let mut client = peers
+        .cluster(endpoint)
+        .map_err(|s| anyhow::anyhow!("{}", describe(&s)))?;
+    let failed = |s: tonic::Status| anyhow::anyhow!("{endpoint}: {}", describe(&s));
+    match args.action {
+        ClusterAction::Status => {
+            let status = client
+                .status(peers.cluster_request(pb::StatusRequest {}))
+                .await
+                .map_err(failed)?
+                .into_inner();
+            if args.json {
+                println!("{}", status_json(&status));
+            } else {
+                print!("{}", status_text(&status));
+            }
+        }
+        ClusterAction::AddLearner { node_id, address } => {
+            let reply = client
+                .add_learner(peers.cluster_request(pb::AddLearnerRequest { node_id, address }))
+                .await
+                .map_err(failed)?
+                .into_inner();
+            print_members(
+                &format!("node {node_id} added as a learner"),
+                &reply,
+                args.json,
+            );
+        }
+        ClusterAction::Promote { node_id } => {
+            let reply = client
+                .promote(peers.cluster_request(pb::PromoteRequest { node_id }))
+                .await
+                .map_err(failed)?
+                .into_inner();
+            print_members(&format!("node {node_id} is a voter"), &reply, args.json);
+        }
+        ClusterAction::Remove { node_id } => {
+            let reply = client
+                .remove_node(peers.cluster_request(pb::RemoveNodeRequest { node_id }))
+                .await
+                .map_err(failed)?
+                .into_inner();
+            print_members(&format!("node {node_id} removed"), &reply, args.json);
+        }
+        ClusterAction::TransferLeader { node_id } => {
+            let mut request = peers.cluster_request(pb::TransferLeaderRequest { node_id });
+            request.set_timeout(Duration::from_secs(30));
+            let reply = client
+                .transfer_leader(request)
+                .await
+                .map_err(failed)?
+                .into_inner();
+            if args.json {
+                println!("{}", json!({ "leader_id": reply.leader_id }));
+            } else {
+                println!("node {} leads", reply.leader_id);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn members_json(members: &[pb::Member]) -> serde_json::Value {
+    members
+        .iter()
+        .map(|m| json!({ "node_id": m.node_id, "address": m.address, "voter": m.voter }))
+        .collect()
+}
+
+fn print_members(done: &str, reply: &pb::MembershipResponse, as_json: bool) {
+    if as_json {
+        println!("{}", json!({ "members": members_json(&reply.members) }));
+    } else {
+        println!("{done}; members:");
+        for m in &reply.members {
+            let kind = if m.voter { "voter" } else { "learner" };
+            println!("  {:>3}  {kind:<7}  {}", m.node_id, m.address);
+        }
+    }
+}
+
+/// `cairn cluster status --json`.
+pub fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
+    json!({
+        "node_id": s.node_id,
+        "role": s.role,
+        "term": s.term,
+        "leader_id": (s.leader_id != 0).then_some(s.leader_id),
+        "leader_address": (!s.leader_address.is_empty()).then_some(&s.leader_address),
+        "last_log_index": s.last_log_index,
+        "committed_index": s.committed_index,
+        "applied_index": s.applied_index,
+        "members": members_json(&s.members),
+        "followers": s.followers.iter()
+            .map(|f| json!({ "node_id": f.node_id, "matched_index": f.matched_index }))
+            .collect::<Vec<_>>(),
+        "boundaries": s.boundaries.iter()
+            .map(|b| json!({
+                "name": b.name,
+                "commit_position": b.commit_position,
+                "prepare_position": b.prepare_position,
+            }))
+            .collect::<Vec<_>>(),
+        "version": s.version,
+    })
+}
+
+/// `cairn cluster status`.
+pub fn status_text(s: &pb::StatusResponse) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let leader = if s.leader_id == 0 {
+        "no leader known".to_string()
+    } else {
+        format!("leader {} at {}", s.leader_id, s.leader_address)
+    };
+    let _ = writeln!(
+        out,
+        "node {} ({}), term {}, {leader}, cairn {}",
+        s.node_id, s.role, s.term, s.version
+    );
+    let _ = writeln!(
+        out,
+        "log: last {}, committed {}, applied {}",
+        s.last_log_index, s.committed_index, s.applied_index
+    );
+    let _ = writeln!(out, "members:");
+    for m in &s.members {
+        let kind = if m.voter { "voter" } else { "learner" };
+        let progress = s
+            .followers
+            .iter()
+            .find(|f| f.node_id == m.node_id)
+            .map(|f| format!("  matched {}", f.matched_index))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:>3}  {kind:<7}  {}{progress}",
+            m.node_id, m.address
+        );
+    }
+    if !s.boundaries.is_empty() {
+        let _ = writeln!(out, "boundaries (last position applied here):");
+        for b in &s.boundaries {
+            let _ = writeln!(
+                out,
+                "  {}  ({}, {})",
+                b.name, b.commit_position, b.prepare_position
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> pb::StatusResponse {
+        pb::StatusResponse {
+            node_id: 2,
+            role: "follower".into(),
+            term: 3,
+            leader_id: 1,
+            leader_address: "a:5006".into(),
+            committed_index: 9,
+            applied_index: 9,
+            last_log_index: 10,
+            members: vec![
+                pb::Member {
+                    node_id: 1,
+                    address: "a:5006".into(),
+                    voter: true,
+                },
+                pb::Member {
+                    node_id: 4,
+                    address: "d:5006".into(),
+                    voter: false,
+                },
+            ],
+            followers: vec![],
+            boundaries: vec![pb::BoundaryHead {
+                name: "orders".into(),
+                commit_position: 7,
+                prepare_position: 0,
+            }],
+            version: "0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn status_reads_as_text_and_json() {
+        let text = status_text(&sample());
+        assert!(
+            text.starts_with("node 2 (follower), term 3, leader 1 at a:5006"),
+            "{text}"
+        );
+        assert!(text.contains("    4  learner  d:5006"), "{text}");
+        assert!(text.contains("  orders  (7, 0)"), "{text}");
+        let value = status_json(&sample());
+        assert_eq!(value["leader_id"], 1);
+        assert_eq!(value["members"][1]["voter"], false);
+        assert_eq!(value["boundaries"][0]["commit_position"], 7);
+        let mut leaderless = sample();
+        leaderless.leader_id = 0;
+        leaderless.leader_address.clear();
+        assert!(status_json(&leaderless)["leader_id"].is_null());
+        assert!(status_text(&leaderless).contains("no leader known"));
+    }
+}

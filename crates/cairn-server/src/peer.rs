@@ -1,0 +1,558 @@
+//! The peer port: Raft traffic (`cairn.v1.Raft`) and the cluster API (`cairn.v1.Cluster`)
+//! between nodes, every call authenticated by the cluster secret.
+//!
+//! [`PeerClient`] is both openraft's transport (it implements `cairn_raft::PeerTransport`)
+//! and the client of the cluster API: followers forward writes and ask the leader for read
+//! indexes through it. openraft's messages and Cairn's commands travel as bytes encoded by
+//! `cairn_raft::codec`, the same encoding as the Raft log.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use cairn_core::command::{Command, Outcome};
+use cairn_proto::cairn_v1 as pb;
+use cairn_proto::cairn_v1::cluster_client::ClusterClient;
+use cairn_proto::cairn_v1::raft_client::RaftClient;
+use cairn_raft::codec::{decode, encode};
+use cairn_raft::{PeerTransport, RaftError as CairnRaftError, RpcResult, TypeConfig};
+use futures::future::BoxFuture;
+use openraft::BasicNode;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
+};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
+
+use crate::state::NodeState;
+
+/// Metadata key carrying the cluster secret on every peer call.
+pub const SECRET_HEADER: &str = "x-cairn-cluster-secret";
+/// Largest peer message, either way. A Raft entry holds at most 8 MiB of commands; an
+/// AppendEntries over this size is split by openraft (we answer `PayloadTooLarge`).
+pub const MAX_PEER_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// How long a peer connection may take to establish.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Deadline of cluster-API calls between nodes (forwarded writes wait for the commit).
+pub const CLUSTER_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the leader answers a forwarded command.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardReply {
+    /// The command was applied (or rejected by the state machine: a conflict is an outcome).
+    Outcome(Outcome),
+    /// The receiver does not lead; nothing was proposed.
+    NotLeader {
+        /// The leader it knows of.
+        leader_id: Option<u64>,
+        /// Its address.
+        leader_addr: Option<String>,
+    },
+    /// The receiver leads but could not replicate; the command may or may not be applied.
+    Unavailable(String),
+}
+
+/// The node the peer services work on, set once storage and Raft are up.
+pub type PeerReady = Arc<OnceLock<Arc<NodeState>>>;
+
+/// Client of other nodes' peer ports; openraft's transport.
+pub struct PeerClient {
+    secret: Option<MetadataValue<tonic::metadata::Ascii>>,
+    local_ip: Option<IpAddr>,
+    channels: Mutex<HashMap<String, Channel>>,
+    snapshot_chunks_sent: Option<prometheus::IntCounter>,
+}
+
+impl std::fmt::Debug for PeerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerClient").finish_non_exhaustive()
+    }
+}
+
+impl PeerClient {
+    /// A client sending `secret` (none: peers must not require one). With `local_ip`,
+    /// connections leave from that address: a node listening for peers on one interface
+    /// of a multi-homed host talks to them from it too, so firewalls and peers see the
+    /// address the node advertises.
+    pub fn new(secret: Option<&str>, local_ip: Option<IpAddr>) -> Result<Self, String> {
+        let secret = secret
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| "the cluster secret must be printable ASCII".to_string())
+            })
+            .transpose()?;
+        Ok(PeerClient {
+            secret,
+            local_ip,
+            channels: Mutex::new(HashMap::new()),
+            snapshot_chunks_sent: None,
+        })
+    }
+
+    /// Counts the snapshot chunks this client sends.
+    pub fn counting_snapshot_chunks(mut self, counter: prometheus::IntCounter) -> Self {
+        self.snapshot_chunks_sent = Some(counter);
+        self
+    }
+
+    /// The (lazily connecting, shared) channel to `addr`.
+    fn channel(&self, addr: &str) -> Result<Channel, Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(channel) = channels.get(addr) {
+            return Ok(channel.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| Status::invalid_argument(format!("bad peer address {addr:?}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .local_address(self.local_ip)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let channel = endpoint.connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    fn request<T>(&self, message: T, timeout: Duration) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(timeout);
+        if let Some(secret) = &self.secret {
+            request.metadata_mut().insert(SECRET_HEADER, secret.clone());
+        }
+        request
+    }
+
+    fn raft(&self, addr: &str) -> Result<RaftClient<Channel>, Status> {
+        Ok(RaftClient::new(self.channel(addr)?)
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES))
+    }
+
+    /// The cluster API of the node at `addr`.
+    pub fn cluster(&self, addr: &str) -> Result<ClusterClient<Channel>, Status> {
+        Ok(ClusterClient::new(self.channel(addr)?)
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES))
+    }
+
+    /// A cluster-API request carrying the secret.
+    pub fn cluster_request<T>(&self, message: T) -> Request<T> {
+        self.request(message, CLUSTER_CALL_TIMEOUT)
+    }
+
+    /// Runs `command` on the node at `addr`, which should be the leader.
+    pub async fn forward(&self, addr: &str, command: &Command) -> Result<ForwardReply, Status> {
+        let bytes = encode(command)
+            .map_err(|e| Status::internal(format!("failed to encode a command: {e}")))?;
+        let reply = self
+            .cluster(addr)?
+            .forward(self.cluster_request(pb::ForwardRequest { command: bytes }))
+            .await?
+            .into_inner();
+        decode(&reply.reply)
+            .map_err(|e| Status::internal(format!("undecodable forwarding reply: {e}")))
+    }
+
+    /// The read index of the leader at `addr`; `None` when that node does not lead.
+    pub async fn read_index(&self, addr: &str) -> Result<Option<u64>, Status> {
+        let reply = self
+            .cluster(addr)?
+            .read_index(self.cluster_request(pb::ReadIndexRequest {}))
+            .await?
+            .into_inner();
+        Ok((!reply.not_leader).then_some(reply.index))
+    }
+
+    fn raft_call<Req, Resp, E>(
+        &self,
+        target: u64,
+        node: &BasicNode,
+        rpc: &Req,
+        option: &RPCOption,
+        call: RaftCall,
+    ) -> BoxFuture<'static, RpcResult<Resp, E>>
+    where
+        Req: Serialize,
+        Resp: serde::de::DeserializeOwned + Send + 'static,
+        E: std::error::Error + serde::de::DeserializeOwned + Send + 'static,
+    {
+        let encoded = encode(rpc);
+        let client = self.raft(&node.addr);
+        let request = encoded.map(|data| self.request(pb::RaftPayload { data }, option.hard_ttl()));
+        Box::pin(async move {
+            let request = request.map_err(|e| network(&e))?;
+            if let RaftCall::AppendEntries { entries } = call
+                && entries > 1
+                && request.get_ref().data.len() > MAX_PEER_MESSAGE_BYTES
+            {
+                return Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint((entries / 2).max(1)),
+                ));
+            }
+            let mut client = client.map_err(|e| unreachable(&e))?;
+            let response = match call {
+                RaftCall::AppendEntries { .. } => client.append_entries(request).await,
+                RaftCall::Vote => client.vote(request).await,
+                RaftCall::InstallSnapshot => client.install_snapshot(request).await,
+            }
+            .map_err(|status| match status.code() {
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => unreachable(&status),
+                _ => network(&status),
+            })?;
+            let result: Result<Resp, E> =
+                decode(&response.into_inner().data).map_err(|e| network(&e))?;
+            result.map_err(|e| RPCError::RemoteError(RemoteError::new(target, e)))
+        })
+    }
+}
+
+/// Which Raft RPC a payload is for.
+#[derive(Clone, Copy)]
+enum RaftCall {
+    AppendEntries { entries: u64 },
+    Vote,
+    InstallSnapshot,
+}
+
+fn unreachable<E: std::error::Error + 'static, F: std::error::Error>(
+    e: &E,
+) -> RPCError<u64, BasicNode, F> {
+    RPCError::Unreachable(Unreachable::new(e))
+}
+
+fn network<E: std::error::Error + 'static, F: std::error::Error>(
+    e: &E,
+) -> RPCError<u64, BasicNode, F> {
+    RPCError::Network(NetworkError::new(e))
+}
+
+impl PeerTransport for PeerClient {
+    fn append_entries(
+        &self,
+        target: u64,
+        node: &BasicNode,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> BoxFuture<'static, RpcResult<AppendEntriesResponse<u64>>> {
+        let entries = rpc.entries.len() as u64;
+        self.raft_call(
+            target,
+            node,
+            &rpc,
+            &option,
+            RaftCall::AppendEntries { entries },
+        )
+    }
+
+    fn vote(
+        &self,
+        target: u64,
+        node: &BasicNode,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> BoxFuture<'static, RpcResult<VoteResponse<u64>>> {
+        self.raft_call(target, node, &rpc, &option, RaftCall::Vote)
+    }
+
+    fn install_snapshot(
+        &self,
+        target: u64,
+        node: &BasicNode,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> BoxFuture<
+        'static,
+        RpcResult<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>,
+    > {
+        if let Some(counter) = &self.snapshot_chunks_sent {
+            counter.inc();
+        }
+        self.raft_call(target, node, &rpc, &option, RaftCall::InstallSnapshot)
+    }
+}
+
+/// Compares the presented secret with ours in time independent of where they differ.
+fn secret_matches(presented: &[u8], expected: &[u8]) -> bool {
+    presented.len() == expected.len()
+        && presented
+            .iter()
+            .zip(expected)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// Rejects peer calls without the cluster secret (when one is configured).
+#[derive(Clone)]
+pub struct SecretCheck {
+    secret: Option<Arc<[u8]>>,
+}
+
+impl SecretCheck {
+    /// A check for `secret` (none: every call is let in).
+    pub fn new(secret: Option<&str>) -> Self {
+        SecretCheck {
+            secret: secret.map(|s| Arc::from(s.as_bytes())),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for SecretCheck {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(expected) = &self.secret else {
+            return Ok(request);
+        };
+        match request.metadata().get(SECRET_HEADER) {
+            Some(presented) if secret_matches(presented.as_bytes(), expected) => Ok(request),
+            Some(_) => Err(cairn_proto::to_status(cairn_core::Error::Unauthenticated(
+                "wrong cluster secret".to_string(),
+            ))),
+            None => Err(cairn_proto::to_status(cairn_core::Error::Unauthenticated(
+                format!("peer calls need the cluster secret in {SECRET_HEADER}"),
+            ))),
+        }
+    }
+}
+
+fn starting() -> Status {
+    cairn_proto::to_status(cairn_core::Error::Unavailable(
+        crate::rpc::NODE_STARTING.to_string(),
+    ))
+}
+
+fn node_of(ready: &PeerReady) -> Result<Arc<NodeState>, Status> {
+    ready.get().cloned().ok_or_else(starting)
+}
+
+fn payload<T: Serialize>(value: &T) -> Result<tonic::Response<pb::RaftPayload>, Status> {
+    encode(value)
+        .map(|data| tonic::Response::new(pb::RaftPayload { data }))
+        .map_err(|e| Status::internal(format!("failed to encode a raft response: {e}")))
+}
+
+fn decoded<T: serde::de::DeserializeOwned>(request: Request<pb::RaftPayload>) -> Result<T, Status> {
+    decode(&request.into_inner().data)
+        .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+}
+
+/// `cairn.v1.Raft`: hands peers' messages to openraft.
+#[derive(Clone)]
+pub struct RaftService {
+    ready: PeerReady,
+}
+
+impl RaftService {
+    /// Answers UNAVAILABLE until `ready` is set.
+    pub fn new(ready: PeerReady) -> Self {
+        RaftService { ready }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::raft_server::Raft for RaftService {
+    async fn append_entries(
+        &self,
+        request: Request<pb::RaftPayload>,
+    ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
+        let node = node_of(&self.ready)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = decoded(request)?;
+        payload(&node.raft.raft().append_entries(rpc).await)
+    }
+
+    async fn vote(
+        &self,
+        request: Request<pb::RaftPayload>,
+    ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
+        let node = node_of(&self.ready)?;
+        let rpc: VoteRequest<u64> = decoded(request)?;
+        payload(&node.raft.raft().vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<pb::RaftPayload>,
+    ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
+        let node = node_of(&self.ready)?;
+        let rpc: InstallSnapshotRequest<TypeConfig> = decoded(request)?;
+        payload(&node.raft.raft().install_snapshot(rpc).await)
+    }
+}
+
+/// What a leader answers for a command it was handed.
+pub async fn run_forwarded(node: &NodeState, command: Command) -> ForwardReply {
+    match node.raft.write(command).await {
+        Ok(outcome) => ForwardReply::Outcome(outcome),
+        Err(CairnRaftError::ForwardToLeader {
+            leader_id,
+            leader_addr,
+        }) => ForwardReply::NotLeader {
+            leader_id,
+            leader_addr,
+        },
+        Err(e) => {
+            tracing::warn!("failed to replicate a forwarded command: {e}");
+            ForwardReply::Unavailable(e.to_string())
+        }
+    }
+}
+
+/// `cairn.v1.Cluster`: status, membership, and the calls nodes make to each other.
+#[derive(Clone)]
+pub struct ClusterService {
+    ready: PeerReady,
+}
+
+impl ClusterService {
+    /// Answers UNAVAILABLE until `ready` is set.
+    pub fn new(ready: PeerReady) -> Self {
+        ClusterService { ready }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for ClusterService {
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<tonic::Response<pb::StatusResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        crate::cluster::status(&node)
+            .await
+            .map(tonic::Response::new)
+            .map_err(cairn_proto::to_status)
+    }
+
+    async fn add_learner(
+        &self,
+        request: Request<pb::AddLearnerRequest>,
+    ) -> Result<tonic::Response<pb::MembershipResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        let req = request.into_inner();
+        crate::cluster::add_learner(&node, req.node_id, req.address)
+            .await
+            .map(tonic::Response::new)
+            .map_err(cairn_proto::to_status)
+    }
+
+    async fn promote(
+        &self,
+        request: Request<pb::PromoteRequest>,
+    ) -> Result<tonic::Response<pb::MembershipResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        crate::cluster::promote(&node, request.into_inner().node_id)
+            .await
+            .map(tonic::Response::new)
+            .map_err(cairn_proto::to_status)
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<pb::RemoveNodeRequest>,
+    ) -> Result<tonic::Response<pb::MembershipResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        crate::cluster::remove(&node, request.into_inner().node_id)
+            .await
+            .map(tonic::Response::new)
+            .map_err(cairn_proto::to_status)
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<tonic::Response<pb::TransferLeaderResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        crate::cluster::transfer_leader(&node, request.into_inner().node_id)
+            .await
+            .map(|leader_id| tonic::Response::new(pb::TransferLeaderResponse { leader_id }))
+            .map_err(cairn_proto::to_status)
+    }
+
+    async fn forward(
+        &self,
+        request: Request<pb::ForwardRequest>,
+    ) -> Result<tonic::Response<pb::ForwardResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        let command: Command = decode(&request.into_inner().command)
+            .map_err(|e| Status::invalid_argument(format!("undecodable command: {e}")))?;
+        let reply = run_forwarded(&node, command).await;
+        encode(&reply)
+            .map(|reply| tonic::Response::new(pb::ForwardResponse { reply }))
+            .map_err(|e| Status::internal(format!("failed to encode a forwarding reply: {e}")))
+    }
+
+    async fn read_index(
+        &self,
+        _request: Request<pb::ReadIndexRequest>,
+    ) -> Result<tonic::Response<pb::ReadIndexResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        match node.raft.read_index().await {
+            Ok(index) => Ok(tonic::Response::new(pb::ReadIndexResponse {
+                index,
+                not_leader: false,
+            })),
+            Err(CairnRaftError::ForwardToLeader { .. }) => {
+                Ok(tonic::Response::new(pb::ReadIndexResponse {
+                    index: 0,
+                    not_leader: true,
+                }))
+            }
+            Err(e) => Err(cairn_proto::to_status(cairn_core::Error::from(e))),
+        }
+    }
+
+    async fn elect(
+        &self,
+        _request: Request<pb::ElectRequest>,
+    ) -> Result<tonic::Response<pb::ElectResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        node.raft
+            .raft()
+            .trigger()
+            .elect()
+            .await
+            .map(|()| tonic::Response::new(pb::ElectResponse {}))
+            .map_err(|e| Status::unavailable(format!("failed to start an election: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_secret_comparison_needs_every_byte() {
+        assert!(secret_matches(b"s3cret", b"s3cret"));
+        assert!(!secret_matches(b"s3cres", b"s3cret"));
+        assert!(!secret_matches(b"s3cre", b"s3cret"));
+        assert!(!secret_matches(b"", b"s3cret"));
+    }
+
+    #[test]
+    fn peer_calls_without_the_secret_are_refused() {
+        use tonic::service::Interceptor;
+        let mut check = SecretCheck::new(Some("s3cret"));
+        assert!(check.call(Request::new(())).is_err());
+        let mut wrong = Request::new(());
+        wrong
+            .metadata_mut()
+            .insert(SECRET_HEADER, "nope".parse().expect("ascii"));
+        assert_eq!(
+            check.call(wrong).expect_err("wrong secret").code(),
+            tonic::Code::Unauthenticated
+        );
+        let mut right = Request::new(());
+        right
+            .metadata_mut()
+            .insert(SECRET_HEADER, "s3cret".parse().expect("ascii"));
+        assert!(check.call(right).is_ok());
+        assert!(SecretCheck::new(None).call(Request::new(())).is_ok());
+    }
+}

@@ -1,0 +1,402 @@
+//! Replication, black-box: clusters of real `cairn` processes (see `support::cluster`),
+//! driven through the Orisun API of any node, with kills, pauses and partitions of the
+//! peer traffic.
+//!
+//! These tests live beside the binary rather than in the top-level `tests/` crate: cargo
+//! hands the path of a freshly built `cairn` (`CARGO_BIN_EXE_cairn`) only to this
+//! package's integration tests.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use cairn_proto::orisun as pb;
+use cairn_proto::orisun::event_store_client::EventStoreClient;
+use futures::StreamExt;
+use support::admin;
+use support::cluster::{Cluster, SECRET, wait_for};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const BOUNDARY: &str = "default";
+
+async fn client(cluster: &Cluster, id: u64) -> EventStoreClient<Channel> {
+    EventStoreClient::new(cluster.node(id).channel().await)
+}
+
+fn event(event_type: &str, data: &str) -> pb::EventToSave {
+    pb::EventToSave {
+        event_id: uuid::Uuid::now_v7().to_string(),
+        event_type: event_type.to_string(),
+        data: data.to_string(),
+        metadata: String::new(),
+    }
+}
+
+fn account(id: &str) -> pb::Query {
+    pb::Query {
+        criteria: vec![pb::Criterion {
+            tags: vec![pb::Tag {
+                key: "account".into(),
+                value: id.into(),
+            }],
+        }],
+    }
+}
+
+fn observed(query: pb::Query, commit: i64, prepare: i64) -> pb::ConsistencyObservation {
+    pb::ConsistencyObservation {
+        query: Some(query),
+        position: Some(pb::Position {
+            commit_position: commit,
+            prepare_position: prepare,
+        }),
+    }
+}
+
+async fn save(
+    es: &mut EventStoreClient<Channel>,
+    events: Vec<pb::EventToSave>,
+    consistency: Vec<pb::ConsistencyObservation>,
+) -> Result<pb::WriteResult, tonic::Status> {
+    es.save_events_v2(admin(pb::SaveEventsV2Request {
+        boundary: BOUNDARY.into(),
+        events,
+        consistency,
+    }))
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// Every event of the boundary, oldest first.
+async fn all_events(es: &mut EventStoreClient<Channel>) -> Result<Vec<pb::Event>, tonic::Status> {
+    es.get_events(admin(pb::GetEventsRequest {
+        boundary: BOUNDARY.into(),
+        count: 10_000,
+        direction: pb::Direction::Asc as i32,
+        ..Default::default()
+    }))
+    .await
+    .map(|r| r.into_inner().events)
+}
+
+fn others(ids: &[u64], leader: u64) -> Vec<u64> {
+    ids.iter().copied().filter(|&id| id != leader).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_takes_writes_and_every_node_reads_them_at_once() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let followers = others(&cluster.ids(), leader);
+    let (f1, f2) = (followers[0], followers[1]);
+
+    // A write through one follower is visible on the other right after the ack: the
+    // second follower's read waits for the leader's read index.
+    let mut via_f1 = client(&cluster, f1).await;
+    let mut via_f2 = client(&cluster, f2).await;
+    let mut via_leader = client(&cluster, leader).await;
+    for i in 0..20 {
+        let written = save(
+            &mut via_f1,
+            vec![event("Deposited", &format!(r#"{{"account":"a","n":{i}}}"#))],
+            vec![],
+        )
+        .await
+        .expect("a follower takes the write");
+        let events = all_events(&mut via_f2)
+            .await
+            .expect("read on the other follower");
+        let last = events.last().expect("the write is there");
+        assert_eq!(
+            last.position.as_ref().map(|p| p.commit_position),
+            written.log_position.as_ref().map(|p| p.commit_position),
+            "write {i}: the other follower returns it right after the ack"
+        );
+    }
+
+    // A CCC conflict found by the leader comes back through a follower unchanged.
+    let stale = vec![observed(account("a"), -1, -1)];
+    let on_leader = save(
+        &mut via_leader,
+        vec![event("Opened", r#"{"account":"a"}"#)],
+        stale.clone(),
+    )
+    .await
+    .expect_err("the context moved");
+    let on_follower = save(
+        &mut via_f2,
+        vec![event("Opened", r#"{"account":"a"}"#)],
+        stale,
+    )
+    .await
+    .expect_err("the context moved");
+    assert_eq!(on_leader.code(), Code::AlreadyExists);
+    assert_eq!(on_follower.code(), on_leader.code());
+    assert_eq!(on_follower.message(), on_leader.message());
+
+    // Catalog changes made on a follower are read back on another.
+    let mut admin_f1 =
+        cairn_proto::orisun::admin_client::AdminClient::new(cluster.node(f1).channel().await);
+    let mut admin_f2 =
+        cairn_proto::orisun::admin_client::AdminClient::new(cluster.node(f2).channel().await);
+    admin_f1
+        .create_boundary(admin(pb::CreateBoundaryRequest {
+            name: "orders".into(),
+            ..Default::default()
+        }))
+        .await
+        .expect("create a boundary on a follower");
+    let got = admin_f2
+        .get_boundary(admin(pb::GetBoundaryRequest {
+            name: "orders".into(),
+        }))
+        .await
+        .expect("the other follower has it");
+    assert_eq!(
+        got.into_inner().boundary.map(|b| b.name).as_deref(),
+        Some("orders")
+    );
+
+    // Status through the CLI, as an operator would ask for it.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["cluster", "status", "--json", "--endpoint"])
+        .arg(cluster.member(f2).peer_addr().to_string())
+        .args(["--cluster-secret", SECRET])
+        .output()
+        .expect("cairn cluster status");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(status["node_id"], f2);
+    assert_eq!(status["role"], "follower");
+    assert_eq!(status["leader_id"], leader);
+    assert_eq!(status["members"].as_array().map(Vec::len), Some(3));
+    let default = status["boundaries"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["name"] == BOUNDARY).cloned())
+        .expect("the default boundary");
+    assert!(default["commit_position"].as_i64() > Some(0));
+    // Without the secret the peer port refuses.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["cluster", "status", "--endpoint"])
+        .arg(cluster.member(f2).peer_addr().to_string())
+        .args(["--cluster-secret", "not-the-cluster-secret"])
+        .output()
+        .expect("cairn cluster status");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("wrong cluster secret"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_subscription_gets_every_event_in_order_across_a_leader_change() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let followers = others(&cluster.ids(), leader);
+    let (watcher, writer) = (followers[0], followers[1]);
+
+    let mut stream = client(&cluster, watcher)
+        .await
+        .catch_up_subscribe_to_events(admin(pb::CatchUpSubscribeToEventStoreRequest {
+            boundary: BOUNDARY.into(),
+            subscriber_name: "projector".into(),
+            after_position: Some(pb::Position {
+                commit_position: -1,
+                prepare_position: -1,
+            }),
+            query: None,
+        }))
+        .await
+        .expect("subscribe on a follower")
+        .into_inner();
+
+    let mut written = Vec::new();
+    let mut via_writer = client(&cluster, writer).await;
+    for i in 0..15 {
+        let e = event("Tick", &format!(r#"{{"n":{i}}}"#));
+        written.push(e.event_id.clone());
+        save(&mut via_writer, vec![e], vec![]).await.expect("write");
+    }
+    cluster.kill(leader);
+    // Writes resume once the two survivors have elected a leader (calls meanwhile wait
+    // for it, or answer UNAVAILABLE and are retried here: nothing was applied).
+    for i in 15..30 {
+        let e = event("Tick", &format!(r#"{{"n":{i}}}"#));
+        written.push(e.event_id.clone());
+        let event_id = e.event_id.clone();
+        let mut attempt = Some(e);
+        while let Some(e) = attempt.take() {
+            match save(&mut via_writer, vec![e.clone()], vec![]).await {
+                Ok(_) => {}
+                Err(status) if status.code() == Code::Unavailable => {
+                    // Ambiguous: only retry if it did not land.
+                    let landed = all_events(&mut via_writer)
+                        .await
+                        .map(|events| events.iter().any(|x| x.event_id == event_id))
+                        .unwrap_or(false);
+                    if !landed {
+                        attempt = Some(e);
+                    }
+                }
+                Err(status) => panic!("write {i}: {status}"),
+            }
+        }
+    }
+    let mut received = Vec::new();
+    while received.len() < written.len() {
+        let next = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("the subscription keeps delivering")
+            .expect("the stream stays open")
+            .expect("an event");
+        received.push(next.event_id);
+    }
+    assert_eq!(received, written, "every event once, in commit order");
+    cluster.restart(leader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_stops_serving_and_the_majority_carries_on() {
+    let cluster = Cluster::start(3, &[]).await;
+    let old = cluster.leader_among(&[1, 2, 3]).await;
+    let majority = others(&cluster.ids(), old);
+    let mut via_old = client(&cluster, old).await;
+    save(&mut via_old, vec![event("Before", r#"{"k":"v"}"#)], vec![])
+        .await
+        .expect("a write before the partition");
+
+    cluster.isolate(old);
+    let new = cluster.leader_among(&majority).await;
+    assert_ne!(new, old);
+    let mut via_majority = client(&cluster, majority[0]).await;
+    let during = save(
+        &mut via_majority,
+        vec![event("During", r#"{"k":"v"}"#)],
+        vec![],
+    )
+    .await
+    .expect("the majority takes writes");
+    // The cut-off node can neither commit nor prove a read is current.
+    let write = save(&mut via_old, vec![event("Lost", r#"{"k":"v"}"#)], vec![])
+        .await
+        .expect_err("no quorum behind the old leader");
+    assert_eq!(write.code(), Code::Unavailable, "{write:?}");
+    let read = all_events(&mut via_old)
+        .await
+        .expect_err("no linearizable read");
+    assert_eq!(read.code(), Code::Unavailable, "{read:?}");
+
+    cluster.heal();
+    // The old leader rejoins as a follower and serves the majority's write.
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    assert_ne!(leader, old);
+    let events = wait_for("the healed node to serve reads", || {
+        let mut via_old = via_old.clone();
+        async move { all_events(&mut via_old).await.ok() }
+    })
+    .await;
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    // The cut-off write never reached a majority: the new leader's log replaced it.
+    assert_eq!(types, ["Before", "During"]);
+    assert_eq!(events.last().and_then(|e| e.position), during.log_position);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_leader_kills_and_pauses_exactly_once() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let mut acknowledged: BTreeSet<String> = BTreeSet::new();
+    let mut ambiguous: BTreeSet<String> = BTreeSet::new();
+    for round in 0..3 {
+        let leader = cluster.leader_among(&cluster.ids()).await;
+        let mut writers = Vec::new();
+        for &id in &cluster.ids() {
+            let mut es = client(&cluster, id).await;
+            writers.push(tokio::spawn(async move {
+                let mut acked = Vec::new();
+                let mut unknown = Vec::new();
+                for i in 0..30 {
+                    let e = event("Credited", &format!(r#"{{"account":"n{id}","i":{i}}}"#));
+                    let event_id = e.event_id.clone();
+                    match save(&mut es, vec![e], vec![]).await {
+                        Ok(_) => acked.push(event_id),
+                        // Its node died or lost its leader mid-call: the outcome is
+                        // unknown (UNAVAILABLE, or a transport error).
+                        Err(status) => {
+                            assert_ne!(status.code(), Code::AlreadyExists, "{status:?}");
+                            unknown.push(event_id);
+                        }
+                    }
+                }
+                (acked, unknown)
+            }));
+        }
+        // Mid-stream, the leader is killed (rounds 0 and 2) or frozen (round 1).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if round == 1 {
+            cluster.pause(leader);
+            let survivors = others(&cluster.ids(), leader);
+            cluster.leader_among(&survivors).await;
+            cluster.resume(leader);
+        } else {
+            cluster.kill(leader);
+        }
+        for writer in writers {
+            let (acked, unknown) = writer.await.expect("writer");
+            acknowledged.extend(acked);
+            ambiguous.extend(unknown);
+        }
+        if cluster.member(leader).node.is_none() {
+            cluster.restart(leader).await;
+        }
+    }
+    // Every node ends with every acknowledged write exactly once, and the same log.
+    let leader = cluster.leader_among(&cluster.ids()).await;
+    let index = cluster.status(leader).await.expect("status").last_log_index;
+    cluster.applied_everywhere(&cluster.ids(), index).await;
+    let mut logs = BTreeMap::new();
+    for id in cluster.ids() {
+        let events = all_events(&mut client(&cluster, id).await)
+            .await
+            .expect("read");
+        let mut seen = BTreeSet::new();
+        for e in &events {
+            assert!(
+                seen.insert(e.event_id.clone()),
+                "node {id}: {} twice",
+                e.event_id
+            );
+        }
+        for id_ in &acknowledged {
+            assert!(
+                seen.contains(id_),
+                "node {id} lost acknowledged write {id_}"
+            );
+        }
+        assert!(
+            seen.iter()
+                .all(|e| acknowledged.contains(e) || ambiguous.contains(e))
+        );
+        logs.insert(
+            id,
+            events
+                .iter()
+                .map(|e| e.event_id.clone())
+                .collect::<Vec<_>>(),
+        );
+    }
+    let first = logs.values().next().expect("a log").clone();
+    assert!(logs.values().all(|l| *l == first), "replicas differ");
+    assert!(
+        acknowledged.len() >= 30,
+        "only {} writes acknowledged",
+        acknowledged.len()
+    );
+}

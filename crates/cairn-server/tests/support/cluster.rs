@@ -1,0 +1,429 @@
+//! A cluster of real `cairn` processes on one machine, with the peer traffic under the
+//! test's control.
+//!
+//! Node `i` listens for peers on `127.0.0.(10+i)` and dials peers from that address. It
+//! advertises `127.0.0.(30+i):P`, where the harness runs a TCP proxy to its real peer port;
+//! the proxy tells links apart by the caller's source address. Cutting a link `i → j`
+//! closes the proxy's connections from `i` to `j` and refuses new ones, which is a network
+//! partition as the nodes see it (Raft messages, forwarded writes and read indexes alike),
+//! with nothing in the product that knows about tests. Client calls go straight to each
+//! node's client port. Every wait is on a condition with a deadline.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn_proto::cairn_v1 as cluster_pb;
+use cairn_proto::cairn_v1::cluster_client::ClusterClient;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+use super::{Launching, Node};
+
+/// The secret the harness's clusters share.
+pub const SECRET: &str = "harness-cluster-secret";
+/// Fast Raft timing, so failover tests take seconds.
+const FAST_TIMING: [&str; 4] = [
+    "--raft-heartbeat-ms",
+    "100",
+    "--raft-election-timeout-ms",
+    "600",
+];
+/// How long conditions may take to hold before a test fails.
+pub const WAIT: Duration = Duration::from_secs(30);
+/// Interval between checks of a condition.
+const POLL: Duration = Duration::from_millis(50);
+
+fn peer_ip(id: u64) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, 10 + id as u8)
+}
+
+fn proxy_ip(id: u64) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, 30 + id as u8)
+}
+
+/// The node a peer connection comes from, by its source address (0: not a node).
+fn source_node(ip: IpAddr) -> u64 {
+    match ip {
+        IpAddr::V4(v4) if (11..30).contains(&v4.octets()[3]) => u64::from(v4.octets()[3] - 10),
+        _ => 0,
+    }
+}
+
+/// Which links are cut; every change bumps the epoch so open connections look again.
+#[derive(Default)]
+struct Links {
+    cut: Mutex<HashSet<(u64, u64)>>,
+    epoch: Mutex<Option<watch::Sender<u64>>>,
+}
+
+impl Links {
+    fn is_cut(&self, from: u64, to: u64) -> bool {
+        self.cut
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&(from, to))
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        let mut epoch = self.epoch.lock().unwrap_or_else(|p| p.into_inner());
+        epoch.get_or_insert_with(|| watch::channel(0).0).subscribe()
+    }
+
+    fn change(&self, f: impl FnOnce(&mut HashSet<(u64, u64)>)) {
+        f(&mut self.cut.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(epoch) = self
+            .epoch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            epoch.send_modify(|e| *e += 1);
+        }
+    }
+}
+
+/// Relays connections to node `to`'s current peer port unless their link is cut.
+async fn run_proxy(
+    listener: TcpListener,
+    to: u64,
+    upstream: Arc<Mutex<Option<SocketAddr>>>,
+    links: Arc<Links>,
+) {
+    loop {
+        let Ok((mut inbound, source)) = listener.accept().await else {
+            return;
+        };
+        let from = source_node(source.ip());
+        let target = *upstream.lock().unwrap_or_else(|p| p.into_inner());
+        let (Some(target), false) = (target, links.is_cut(from, to)) else {
+            continue;
+        };
+        let links = links.clone();
+        tokio::spawn(async move {
+            let Ok(mut outbound) = TcpStream::connect(target).await else {
+                return;
+            };
+            let _ = outbound.set_nodelay(true);
+            let _ = inbound.set_nodelay(true);
+            let mut epoch = links.subscribe();
+            let cut = async {
+                while epoch.changed().await.is_ok() {
+                    if links.is_cut(from, to) {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                _ = cut => {}
+            }
+        });
+    }
+}
+
+/// One member's place in the cluster: its proxy, data and (while it runs) process.
+pub struct Member {
+    /// Raft node id.
+    pub id: u64,
+    /// What peers dial (the proxy).
+    pub advertise: SocketAddr,
+    /// The running process, if any.
+    pub node: Option<Node>,
+    /// Its real peer port, learnt from its log.
+    upstream: Arc<Mutex<Option<SocketAddr>>>,
+    data_dir: PathBuf,
+    args: Vec<String>,
+    proxy: JoinHandle<()>,
+}
+
+impl Member {
+    /// The running node (panics if it is down).
+    pub fn node(&self) -> &Node {
+        self.node.as_ref().expect("the node runs")
+    }
+
+    /// Its real peer address (the cluster API, bypassing the proxy).
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .expect("peer address known")
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.proxy.abort();
+    }
+}
+
+/// A cluster of real nodes.
+pub struct Cluster {
+    /// Members by id.
+    pub members: BTreeMap<u64, Member>,
+    links: Arc<Links>,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` nodes forming a new cluster and waits until every one serves.
+    pub async fn start(n: u64, extra: &[&str]) -> Cluster {
+        let mut cluster = Cluster {
+            members: BTreeMap::new(),
+            links: Arc::default(),
+            dir: tempfile::tempdir().expect("temp dir"),
+        };
+        for id in 1..=n {
+            cluster.add_member(id).await;
+        }
+        let initial: Vec<String> = cluster
+            .members
+            .values()
+            .map(|m| format!("{}={}", m.id, m.advertise))
+            .collect();
+        let initial = initial.join(",");
+        for member in cluster.members.values_mut() {
+            member.args = member_args(member.id, &member.advertise);
+            member
+                .args
+                .extend(["--initial-members".to_string(), initial.clone()]);
+            member.args.extend(extra.iter().map(|s| s.to_string()));
+        }
+        let launching: Vec<(u64, Launching)> = (1..=n).map(|id| (id, cluster.launch(id))).collect();
+        for (id, launching) in launching {
+            let node = launching.serving_async().await;
+            cluster.member_mut(id).node = Some(node);
+        }
+        cluster
+    }
+
+    /// A proxy and data directory for node `id` (not started).
+    async fn add_member(&mut self, id: u64) -> &mut Member {
+        let listener = TcpListener::bind((proxy_ip(id), 0))
+            .await
+            .expect("bind the proxy (127.0.0.x addresses need Linux)");
+        let advertise = listener.local_addr().expect("proxy address");
+        let upstream: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+        let proxy = tokio::spawn(run_proxy(
+            listener,
+            id,
+            upstream.clone(),
+            self.links.clone(),
+        ));
+        let member = Member {
+            id,
+            advertise,
+            node: None,
+            upstream,
+            data_dir: self.dir.path().join(format!("node-{id}")),
+            args: Vec::new(),
+            proxy,
+        };
+        self.members.insert(id, member);
+        self.member_mut(id)
+    }
+
+    /// Adds node `id` started with `--join` to the member `via`; returns once it serves.
+    pub async fn join(&mut self, id: u64, via: u64, extra: &[&str]) {
+        let target = self.member(via).advertise;
+        let member = self.add_member(id).await;
+        member.args = member_args(id, &member.advertise);
+        member
+            .args
+            .extend(["--join".to_string(), target.to_string()]);
+        member.args.extend(extra.iter().map(|s| s.to_string()));
+        let node = self.launch(id).serving_async().await;
+        self.member_mut(id).node = Some(node);
+    }
+
+    /// Member `id`.
+    pub fn member(&self, id: u64) -> &Member {
+        self.members.get(&id).expect("a member")
+    }
+
+    fn member_mut(&mut self, id: u64) -> &mut Member {
+        self.members.get_mut(&id).expect("a member")
+    }
+
+    /// The running node `id`.
+    pub fn node(&self, id: u64) -> &Node {
+        self.member(id).node()
+    }
+
+    /// Starts node `id`'s process with its arguments; its peer address reaches the proxy
+    /// as soon as it logs it.
+    fn launch(&self, id: u64) -> Launching {
+        let member = self.member(id);
+        let upstream = member.upstream.clone();
+        *upstream.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let args: Vec<&str> = member.args.iter().map(String::as_str).collect();
+        Node::launch(
+            &member.data_dir,
+            &args,
+            Some(Box::new(move |line: &serde_json::Value| {
+                if let Some(addr) = line["fields"]["peer_addr"].as_str()
+                    && let Ok(addr) = addr.parse()
+                {
+                    *upstream.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
+                }
+            })),
+        )
+    }
+
+    /// SIGKILLs node `id`.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut node) = self.member_mut(id).node.take() {
+            node.kill();
+        }
+    }
+
+    /// Starts node `id` again on its data directory (it must be down); returns once it serves.
+    pub async fn restart(&mut self, id: u64) {
+        assert!(self.member(id).node.is_none(), "node {id} still runs");
+        let node = self.launch(id).serving_async().await;
+        self.member_mut(id).node = Some(node);
+    }
+
+    /// Starts node `id` again without waiting for it to serve.
+    pub fn relaunch(&mut self, id: u64) -> Launching {
+        assert!(self.member(id).node.is_none(), "node {id} still runs");
+        self.launch(id)
+    }
+
+    /// Puts a relaunched node back in its place.
+    pub fn adopt(&mut self, id: u64, node: Node) {
+        self.member_mut(id).node = Some(node);
+    }
+
+    /// SIGSTOP: the process stays, frozen (a long GC pause, a VM stall).
+    pub fn pause(&self, id: u64) {
+        self.node(id).signal("STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self, id: u64) {
+        self.node(id).signal("CONT");
+    }
+
+    /// Cuts every link between the two sides, both ways.
+    pub fn partition(&self, a: &[u64], b: &[u64]) {
+        self.links.change(|cut| {
+            for &x in a {
+                for &y in b {
+                    cut.insert((x, y));
+                    cut.insert((y, x));
+                }
+            }
+        });
+    }
+
+    /// Cuts `id` off from every other member.
+    pub fn isolate(&self, id: u64) {
+        let others: Vec<u64> = self.ids().into_iter().filter(|&o| o != id).collect();
+        self.partition(&[id], &others);
+    }
+
+    /// Restores every link.
+    pub fn heal(&self) {
+        self.links.change(|cut| cut.clear());
+    }
+
+    /// Ids of all members.
+    pub fn ids(&self) -> Vec<u64> {
+        self.members.keys().copied().collect()
+    }
+
+    /// The cluster API of node `id`, on its real peer port.
+    pub async fn cluster_api(&self, id: u64) -> ClusterClient<Channel> {
+        let channel = Channel::from_shared(format!("http://{}", self.member(id).peer_addr()))
+            .expect("uri")
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10))
+            .connect_lazy();
+        ClusterClient::new(channel)
+    }
+
+    /// Node `id`'s view of the cluster.
+    pub async fn status(&self, id: u64) -> Result<cluster_pb::StatusResponse, tonic::Status> {
+        let mut request = tonic::Request::new(cluster_pb::StatusRequest {});
+        request
+            .metadata_mut()
+            .insert("x-cairn-cluster-secret", SECRET.parse().expect("ascii"));
+        self.cluster_api(id)
+            .await
+            .status(request)
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// Waits until the running nodes among `ids` agree on one leader, which is among them,
+    /// and returns it.
+    pub async fn leader_among(&self, ids: &[u64]) -> u64 {
+        wait_for("the nodes to agree on a leader", move || async move {
+            let mut leaders = HashSet::new();
+            for &id in ids {
+                let s = self.status(id).await.ok()?;
+                leaders.insert((s.leader_id, s.term));
+            }
+            let (leader, _) = *leaders.iter().next()?;
+            (leaders.len() == 1 && leader != 0 && ids.contains(&leader)).then_some(leader)
+        })
+        .await
+    }
+
+    /// Waits until every running node among `ids` has applied `index`.
+    pub async fn applied_everywhere(&self, ids: &[u64], index: u64) {
+        wait_for("every node to apply the log", move || async move {
+            for &id in ids {
+                let s = self.status(id).await.ok()?;
+                if s.applied_index < index {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await
+    }
+}
+
+fn member_args(id: u64, advertise: &SocketAddr) -> Vec<String> {
+    let mut args = vec![
+        "--node-id".to_string(),
+        id.to_string(),
+        "--peer-listen".to_string(),
+        SocketAddr::new(IpAddr::V4(peer_ip(id)), 0).to_string(),
+        "--advertise-addr".to_string(),
+        advertise.to_string(),
+        "--cluster-secret".to_string(),
+        SECRET.to_string(),
+        "--leader-wait-ms".to_string(),
+        "5000".to_string(),
+    ];
+    args.extend(FAST_TIMING.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Polls `condition` until it yields a value, or panics after [`WAIT`] naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, mut condition: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = condition().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {}s waiting for {what}",
+            WAIT.as_secs()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}

@@ -21,7 +21,7 @@ CHECKED := $(PROFILE) \
 	--config 'profile.release.package."*".overflow-checks=false' \
 	--config 'profile.release.package."*".debug-assertions=false'
 
-.PHONY: help deps run build test test-real-servers verify fix proto
+.PHONY: help deps run cluster build test test-real-servers verify fix proto
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -31,6 +31,9 @@ deps: ## Install or name missing system packages (libclang for RocksDB's bindgen
 
 run: deps ## Build (release) and run a one-node Cairn on :5005 with data in ./data
 	$(CARGO) run $(PROFILE) --bin cairn -- serve
+
+cluster: build ## Run a three-node cluster on this machine (scripts/cluster.sh: ports 5005/5015/5025)
+	scripts/cluster.sh
 
 build: deps ## Build the release binaries (cairn, cairn-bench) into $CARGO_TARGET_DIR/release
 	$(CARGO) build $(PROFILE) --bins

@@ -209,6 +209,7 @@ line(
         targets=[
             (f"sum(increase(cairn_raft_snapshot_builds_total{{{SEL}}}[1h]))", "built (1h)"),
             (f"sum(increase(cairn_raft_snapshot_installs_total{{{SEL}}}[1h]))", "installed (1h)"),
+            (f"sum(increase(cairn_raft_snapshot_chunks_sent_total{{{SEL}}}[1h]))", "chunks sent (1h)"),
         ],
         w=8,
     ),
@@ -221,6 +222,23 @@ line(
             (f"cairn_raft_applied_index{{{SEL}}}", "applied {{instance}}"),
         ],
         w=16,
+    ),
+)
+
+line(
+    dict(
+        title="Forwarded writes",
+        description="Writes followers handed to the leader, by result: applied, rejected by the state machine (CCC conflicts included), or unavailable (no leader, or contact lost: outcome unknown to the client).",
+        targets=[(f"sum by (result) (rate(cairn_forwarded_writes_total{{{SEL}}}[{RATE}]))", "{{result}}")],
+        unit="ops",
+        w=12,
+    ),
+    dict(
+        title="Follower read-index wait p99",
+        description="Time a linearizable read on a follower waits for the leader's read index and for its own state machine to apply that far.",
+        targets=[(f"histogram_quantile(0.99, sum by (le, instance) (rate(cairn_read_index_wait_seconds_bucket{{{SEL}}}[{RATE}])))", "{{instance}}")],
+        unit="s",
+        w=12,
     ),
 )
 

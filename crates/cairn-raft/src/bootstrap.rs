@@ -24,8 +24,9 @@ pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
 /// entries (seeding writes 1,000 events per entry) is purged long before the entry count
 /// says so.
 pub const DEFAULT_SNAPSHOT_EVERY_BYTES: u64 = 1024 * 1024 * 1024;
-/// Log entries kept behind a snapshot, so a briefly lagging follower needs no snapshot.
-pub const LOG_ENTRIES_KEPT_AFTER_SNAPSHOT: u64 = 1_000;
+/// Default: log entries kept behind a snapshot, so a briefly lagging follower needs no
+/// snapshot.
+pub const DEFAULT_LOG_ENTRIES_KEPT: u64 = 1_000;
 /// Interval between attempts to open a locked data directory.
 const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// Time a follower allows a leader to send one snapshot chunk and install the last one.
@@ -86,6 +87,9 @@ pub struct NodeOptions {
     /// Snapshot policy: approximate command bytes between snapshots (whichever of the two
     /// comes first).
     pub snapshot_every_bytes: u64,
+    /// Log entries kept behind the last snapshot (a follower further behind than this
+    /// catches up by snapshot install).
+    pub log_entries_kept: u64,
     /// RocksDB tuning.
     pub store: StoreOptions,
     /// How long to wait for the data directory while another process holds it (e.g. the
@@ -107,6 +111,7 @@ impl std::fmt::Debug for NodeOptions {
             .field("timing", &self.timing)
             .field("snapshot_every_entries", &self.snapshot_every_entries)
             .field("snapshot_every_bytes", &self.snapshot_every_bytes)
+            .field("log_entries_kept", &self.log_entries_kept)
             .field("lock_wait", &self.lock_wait)
             .field("max_inflight_batches", &self.max_inflight_batches)
             .finish_non_exhaustive()
@@ -150,10 +155,10 @@ fn raft_config(opts: &NodeOptions) -> Result<Config, RaftError> {
         election_timeout_max: millis(opts.timing.election_max),
         install_snapshot_timeout: millis(SNAPSHOT_CHUNK_TIMEOUT),
         snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.snapshot_every_entries),
-        max_in_snapshot_log_to_keep: LOG_ENTRIES_KEPT_AFTER_SNAPSHOT,
+        max_in_snapshot_log_to_keep: opts.log_entries_kept,
         // A follower further behind than what the log keeps after a snapshot catches up
         // from the snapshot.
-        replication_lag_threshold: opts.snapshot_every_entries + LOG_ENTRIES_KEPT_AFTER_SNAPSHOT,
+        replication_lag_threshold: opts.snapshot_every_entries + opts.log_entries_kept,
         ..Config::default()
     }
     .validate()?)

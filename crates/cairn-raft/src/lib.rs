@@ -18,8 +18,8 @@ mod proposer;
 mod state_machine;
 
 pub use bootstrap::{
-    DEFAULT_SNAPSHOT_EVERY_BYTES, DEFAULT_SNAPSHOT_EVERY_ENTRIES, Formation, NodeOptions,
-    RaftTiming,
+    DEFAULT_LOG_ENTRIES_KEPT, DEFAULT_SNAPSHOT_EVERY_BYTES, DEFAULT_SNAPSHOT_EVERY_ENTRIES,
+    Formation, NodeOptions, RaftTiming,
 };
 pub use heads::HeadWatch;
 pub use log_store::LogStore;

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cairn_core::command::{Command, Outcome};
@@ -82,6 +83,12 @@ pub struct RaftNode {
     heads: HeadWatch,
     node_id: u64,
     proposer: Arc<Proposer>,
+    /// The leader's id as last reported by openraft (0: none known). Every write asks
+    /// whether this node leads; an atomic answers without touching openraft's metrics
+    /// channel, which the Raft core rewrites on every log change.
+    current_leader: Arc<AtomicU64>,
+    /// The same, for tasks that act on leadership changes (updated after the atomic).
+    leader_changes: tokio::sync::watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for RaftNode {
@@ -107,12 +114,29 @@ impl RaftNode {
         node_id: u64,
         proposer: Proposer,
     ) -> Self {
+        let current_leader = Arc::new(AtomicU64::new(0));
+        // Server metrics change with leadership and membership only, not per entry.
+        let mut server = raft.server_metrics();
+        let published = current_leader.clone();
+        let (changes, leader_changes) = tokio::sync::watch::channel(0);
+        tokio::spawn(async move {
+            loop {
+                let leader = server.borrow_and_update().current_leader.unwrap_or(0);
+                published.store(leader, Ordering::Release);
+                changes.send_replace(leader);
+                if server.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
         RaftNode {
             raft,
             store,
             heads,
             node_id,
             proposer: Arc::new(proposer),
+            current_leader,
+            leader_changes,
         }
     }
 
@@ -128,7 +152,7 @@ impl RaftNode {
 
     /// True while this node believes it leads (the next write may still learn otherwise).
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().current_leader == Some(self.node_id)
+        self.current_leader.load(Ordering::Acquire) == self.node_id
     }
 
     /// True once this node belongs to a group's membership (voter or learner).
@@ -140,6 +164,12 @@ impl RaftNode {
             .membership()
             .get_node(&self.node_id)
             .is_some()
+    }
+
+    /// The id of the leader this node knows of (0: none), changing as leadership moves;
+    /// [`RaftNode::is_leader`] agrees with it by the time a change is seen.
+    pub fn watch_leader(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.leader_changes.clone()
     }
 
     /// The leader this node knows of, with its peer address.

@@ -101,10 +101,10 @@ pub fn spawn(node: Arc<NodeState>) -> JoinHandle<()> {
         );
     }
     tokio::spawn(async move {
-        // Server metrics change with leadership and membership only, not with every apply.
-        let mut metrics = node.raft.raft().server_metrics();
+        let mut leader = node.raft.watch_leader();
         let mut done_in_this_term = false;
         loop {
+            leader.borrow_and_update();
             if node.raft.is_leader() {
                 if !done_in_this_term {
                     match propose_missing(&node).await {
@@ -119,7 +119,7 @@ pub fn spawn(node: Arc<NodeState>) -> JoinHandle<()> {
             } else {
                 done_in_this_term = false;
             }
-            if metrics.changed().await.is_err() {
+            if leader.changed().await.is_err() {
                 return;
             }
         }

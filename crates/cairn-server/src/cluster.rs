@@ -10,6 +10,8 @@ use cairn_store::{Direction, ReadStart};
 
 use crate::state::NodeState;
 
+/// Time after the leaders' lease has lapsed before the target campaigns (clock skew).
+const LEASE_MARGIN: Duration = Duration::from_millis(50);
 /// How long a leadership transfer may take before it is reported as failed.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -114,21 +116,84 @@ fn membership(node: &NodeState) -> pb::MembershipResponse {
     }
 }
 
-/// The leader's address, or why there is none.
-fn leader_addr(e: &RaftError) -> Result<String, Error> {
-    match e {
-        RaftError::ForwardToLeader {
-            leader_addr: Some(addr),
-            ..
-        } => Ok(addr.clone()),
-        other => Err(Error::Unavailable(format!(
-            "no leader to carry out the membership change: {other}"
-        ))),
+fn remote(status: tonic::Status) -> Error {
+    cairn_proto::from_status(&status)
+}
+
+/// A membership change, carried out by the leader.
+enum Change {
+    AddLearner { id: u64, address: String },
+    Promote(u64),
+    Remove(u64),
+}
+
+/// Carries `change` out here if this node leads, else on the leader; while no leader is
+/// known (an election, e.g. right after the leader removed itself) waits up to the leader
+/// wait for one.
+async fn change_membership(
+    node: &NodeState,
+    change: Change,
+) -> Result<pb::MembershipResponse, Error> {
+    let deadline = tokio::time::Instant::now() + node.config.leader_wait;
+    loop {
+        let local = match &change {
+            Change::AddLearner { id, address } => node.raft.add_learner(*id, address.clone()).await,
+            Change::Promote(id) => node.raft.promote(*id).await,
+            Change::Remove(id) => node.raft.remove(*id).await,
+        };
+        match local {
+            Ok(()) => return Ok(membership(node)),
+            Err(RaftError::ForwardToLeader {
+                leader_id: Some(leader),
+                leader_addr: Some(addr),
+            }) if leader != node.raft.node_id() => return on_leader(node, &addr, change).await,
+            Err(RaftError::ForwardToLeader { .. }) => {
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if node.raft.wait_for_leader(remaining).await.is_err() {
+                    return Err(Error::Unavailable(format!(
+                        "no leader to carry out the membership change within {} ms",
+                        node.config.leader_wait.as_millis()
+                    )));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
-fn remote(status: tonic::Status) -> Error {
-    cairn_proto::from_status(&status)
+async fn on_leader(
+    node: &NodeState,
+    addr: &str,
+    change: Change,
+) -> Result<pb::MembershipResponse, Error> {
+    let mut leader = node.peers.cluster(addr).map_err(remote)?;
+    let reply = match change {
+        Change::AddLearner { id, address } => {
+            leader
+                .add_learner(node.peers.cluster_request(pb::AddLearnerRequest {
+                    node_id: id,
+                    address,
+                }))
+                .await
+        }
+        Change::Promote(id) => {
+            leader
+                .promote(
+                    node.peers
+                        .cluster_request(pb::PromoteRequest { node_id: id }),
+                )
+                .await
+        }
+        Change::Remove(id) => {
+            leader
+                .remove_node(
+                    node.peers
+                        .cluster_request(pb::RemoveNodeRequest { node_id: id }),
+                )
+                .await
+        }
+    };
+    reply.map(|r| r.into_inner()).map_err(remote)
 }
 
 /// Adds a learner (on the leader; elsewhere the call goes to the leader).
@@ -142,40 +207,12 @@ pub async fn add_learner(
             "a learner needs a node id ≥ 1 and an address",
         ));
     }
-    match node.raft.add_learner(id, address.clone()).await {
-        Ok(()) => Ok(membership(node)),
-        Err(e @ RaftError::ForwardToLeader { .. }) => node
-            .peers
-            .cluster(&leader_addr(&e)?)
-            .map_err(remote)?
-            .add_learner(node.peers.cluster_request(pb::AddLearnerRequest {
-                node_id: id,
-                address,
-            }))
-            .await
-            .map(|r| r.into_inner())
-            .map_err(remote),
-        Err(e) => Err(e.into()),
-    }
+    change_membership(node, Change::AddLearner { id, address }).await
 }
 
 /// Promotes a learner to voter.
 pub async fn promote(node: &NodeState, id: u64) -> Result<pb::MembershipResponse, Error> {
-    match node.raft.promote(id).await {
-        Ok(()) => Ok(membership(node)),
-        Err(e @ RaftError::ForwardToLeader { .. }) => node
-            .peers
-            .cluster(&leader_addr(&e)?)
-            .map_err(remote)?
-            .promote(
-                node.peers
-                    .cluster_request(pb::PromoteRequest { node_id: id }),
-            )
-            .await
-            .map(|r| r.into_inner())
-            .map_err(remote),
-        Err(e) => Err(e.into()),
-    }
+    change_membership(node, Change::Promote(id)).await
 }
 
 /// Removes a node from the membership.
@@ -189,25 +226,12 @@ pub async fn remove(node: &NodeState, id: u64) -> Result<pb::MembershipResponse,
             "node {id} is the only voter: removing it would leave no quorum"
         )));
     }
-    match node.raft.remove(id).await {
-        Ok(()) => Ok(membership(node)),
-        Err(e @ RaftError::ForwardToLeader { .. }) => node
-            .peers
-            .cluster(&leader_addr(&e)?)
-            .map_err(remote)?
-            .remove_node(
-                node.peers
-                    .cluster_request(pb::RemoveNodeRequest { node_id: id }),
-            )
-            .await
-            .map(|r| r.into_inner())
-            .map_err(remote),
-        Err(e) => Err(e.into()),
-    }
+    change_membership(node, Change::Remove(id)).await
 }
 
-/// Hands leadership to voter `id` once it has every entry: it starts an election, which it
-/// wins because its log is as long as anyone's.
+/// Hands leadership to voter `id` once it has every entry: the leader stops its heartbeats
+/// and the target starts an election, which it wins because its log is as long as anyone's
+/// and it campaigns first.
 pub async fn transfer_leader(node: &NodeState, id: u64) -> Result<u64, Error> {
     let view = node.raft.view();
     if view.role != Role::Leader {
@@ -242,25 +266,46 @@ pub async fn transfer_leader(node: &NodeState, id: u64) -> Result<u64, Error> {
             view.last_log_index
         )));
     }
+    // Followers refuse to vote while the leader's lease (the longest election timeout
+    // since its last message) runs, so the leader falls silent first, and the target
+    // campaigns as soon as the leases have lapsed, before any other follower's timer fires.
+    let runtime = node.raft.raft().runtime_config();
+    runtime.heartbeat(false);
+    let result = hand_over(node, id, &target.addr).await;
+    runtime.heartbeat(true);
+    result
+}
+
+async fn hand_over(node: &NodeState, id: u64, addr: &str) -> Result<u64, Error> {
+    tokio::time::sleep(node.config.timing.election_max + LEASE_MARGIN).await;
     node.peers
-        .cluster(&target.addr)
+        .cluster(addr)
         .map_err(remote)?
         .elect(node.peers.cluster_request(pb::ElectRequest {}))
         .await
         .map_err(remote)?;
     let deadline = tokio::time::Instant::now() + TRANSFER_TIMEOUT;
+    let mut metrics = node.raft.raft().server_metrics();
     loop {
-        if let Some(leader) = node.raft.leader()
-            && leader.id == id
-        {
-            return Ok(id);
+        let leader = metrics.borrow().current_leader;
+        match leader {
+            Some(leader) if leader == id => return Ok(id),
+            Some(other) if other != node.raft.node_id() => {
+                return Err(Error::Unavailable(format!(
+                    "node {other} won the election instead of node {id}; the cluster has a leader, retry the transfer if it matters"
+                )));
+            }
+            _ => {}
         }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(Error::Unavailable(format!(
-                "node {id} did not take over within {}s",
-                TRANSFER_TIMEOUT.as_secs()
-            )));
+        match tokio::time::timeout_at(deadline, metrics.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(Error::Unavailable("raft stopped".into())),
+            Err(_) => {
+                return Err(Error::Unavailable(format!(
+                    "node {id} did not take over within {}s (writes during the transfer keep the current leader's lease alive)",
+                    TRANSFER_TIMEOUT.as_secs()
+                )));
+            }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

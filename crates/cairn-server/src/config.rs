@@ -44,6 +44,8 @@ pub mod defaults {
     pub const SNAPSHOT_EVERY_ENTRIES: u64 = cairn_raft::DEFAULT_SNAPSHOT_EVERY_ENTRIES;
     /// Raft snapshot interval in bytes of proposed commands.
     pub const SNAPSHOT_EVERY_BYTES: u64 = cairn_raft::DEFAULT_SNAPSHOT_EVERY_BYTES;
+    /// Raft log entries kept behind a snapshot.
+    pub const RAFT_LOG_KEPT: u64 = cairn_raft::DEFAULT_LOG_ENTRIES_KEPT;
     /// RocksDB block cache.
     pub const BLOCK_CACHE_MB: usize = 256;
     /// RocksDB memtable per column family.
@@ -208,6 +210,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_SNAPSHOT_EVERY_BYTES", default_value_t = defaults::SNAPSHOT_EVERY_BYTES)]
     pub snapshot_every_bytes: u64,
 
+    /// Raft log entries kept behind the latest snapshot: a follower further behind than
+    /// this catches up by receiving the snapshot instead of the log.
+    #[arg(long, env = "CAIRN_RAFT_LOG_KEPT", default_value_t = defaults::RAFT_LOG_KEPT)]
+    pub raft_log_kept: u64,
+
     /// Raft batch entries in flight: concurrent writes arriving meanwhile are folded into the
     /// next entry. Beyond the first, only batches of at least 64 KiB go while others are in
     /// flight (large writes overlap disk and apply work; small ones batch the most). 1 turns
@@ -278,6 +285,8 @@ pub struct ServeConfig {
     pub snapshot_every_entries: u64,
     /// Snapshot interval in bytes of proposed commands.
     pub snapshot_every_bytes: u64,
+    /// Log entries kept behind a snapshot.
+    pub raft_log_kept: u64,
     /// Block cache bytes.
     pub block_cache_bytes: usize,
     /// Memtable bytes per column family.
@@ -480,6 +489,7 @@ impl ServeArgs {
             max_message_bytes: self.max_message_bytes,
             snapshot_every_entries: self.snapshot_every_entries,
             snapshot_every_bytes: self.snapshot_every_bytes,
+            raft_log_kept: self.raft_log_kept,
             block_cache_bytes: self.block_cache_mb * 1024 * 1024,
             memtable_bytes: self.memtable_mb * 1024 * 1024,
             max_inflight_batches: self.max_inflight_batches,
@@ -604,6 +614,7 @@ impl ServeConfig {
             max_message_bytes: defaults::MAX_MESSAGE_BYTES,
             snapshot_every_entries: defaults::SNAPSHOT_EVERY_ENTRIES,
             snapshot_every_bytes: defaults::SNAPSHOT_EVERY_BYTES,
+            raft_log_kept: defaults::RAFT_LOG_KEPT,
             block_cache_bytes: 32 * 1024 * 1024,
             memtable_bytes: defaults::MEMTABLE_MB * 1024 * 1024,
             max_inflight_batches: defaults::MAX_INFLIGHT_BATCHES,

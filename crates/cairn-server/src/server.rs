@@ -428,6 +428,7 @@ async fn serve_on(
             timing: config.timing,
             snapshot_every_entries: config.snapshot_every_entries,
             snapshot_every_bytes: config.snapshot_every_bytes,
+            log_entries_kept: config.raft_log_kept,
             store: StoreOptions {
                 block_cache_bytes: config.block_cache_bytes,
                 memtable_bytes: config.memtable_bytes,

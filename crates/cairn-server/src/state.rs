@@ -93,6 +93,19 @@ impl NodeState {
     }
 
     async fn propose_anywhere(&self, command: Command) -> Result<Outcome, Error> {
+        // The common case, on the leader (and always on a lone node): no copy of the command.
+        if self.raft.is_leader() {
+            return match self.raft.write(command).await {
+                Ok(outcome) => Ok(outcome),
+                Err(RaftError::ForwardToLeader { .. }) => Err(Error::Unavailable(
+                    "this node stopped leading before it proposed the write; nothing was applied, retry".into(),
+                )),
+                Err(e) => {
+                    tracing::warn!("failed to replicate a command: {e}");
+                    Err(e.into())
+                }
+            };
+        }
         let deadline = tokio::time::Instant::now() + self.config.leader_wait;
         loop {
             let (leader_id, leader_addr) = match self.raft.write(command.clone()).await {

@@ -400,3 +400,229 @@ async fn acknowledged_writes_survive_leader_kills_and_pauses_exactly_once() {
         acknowledged.len()
     );
 }
+
+/// `cairn cluster …` against node `id`'s peer port; panics unless it succeeds.
+fn cairn_cluster(cluster: &Cluster, id: u64, args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("cluster")
+        .args(args)
+        .arg("--endpoint")
+        .arg(cluster.member(id).peer_addr().to_string())
+        .args(["--cluster-secret", SECRET])
+        .output()
+        .expect("cairn cluster");
+    assert!(
+        output.status.success(),
+        "cairn cluster {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
+async fn voters_and_learners(cluster: &Cluster, id: u64) -> (Vec<u64>, Vec<u64>) {
+    let status = cluster.status(id).await.expect("status");
+    let pick = |voter: bool| {
+        status
+            .members
+            .iter()
+            .filter(|m| m.voter == voter)
+            .map(|m| m.node_id)
+            .collect()
+    };
+    (pick(true), pick(false))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_grows_from_three_to_five_voters_and_shrinks_back() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let mut via_leader = client(&cluster, leader).await;
+    for i in 0..10 {
+        save(
+            &mut via_leader,
+            vec![event("Before", &format!(r#"{{"i":{i}}}"#))],
+            vec![],
+        )
+        .await
+        .expect("write");
+    }
+    // Two new nodes join through different members; they arrive as learners and serve
+    // linearizable reads of everything written before they came.
+    cluster.join(4, 2, &[]).await;
+    cluster.join(5, 3, &[]).await;
+    let (voters, learners) = voters_and_learners(&cluster, leader).await;
+    assert_eq!((voters, learners), (vec![1, 2, 3], vec![4, 5]));
+    let on_learner = all_events(&mut client(&cluster, 4).await)
+        .await
+        .expect("read");
+    assert_eq!(on_learner.len(), 10, "the learner has the log");
+
+    let promoted = cairn_cluster(&cluster, 1, &["promote", "4"]);
+    assert!(promoted.contains("node 4 is a voter"), "{promoted}");
+    cairn_cluster(&cluster, 5, &["promote", "5"]);
+    let (voters, learners) = voters_and_learners(&cluster, 4).await;
+    assert_eq!(voters, vec![1, 2, 3, 4, 5]);
+    assert!(learners.is_empty());
+
+    // Five voters survive two failures, the leader among them.
+    let leader = cluster.leader_among(&cluster.ids()).await;
+    let second = if leader == 1 { 2 } else { 1 };
+    cluster.kill(leader);
+    cluster.kill(second);
+    let survivors = others(&others(&cluster.ids(), leader), second);
+    cluster.leader_among(&survivors).await;
+    let mut via_survivor = client(&cluster, survivors[0]).await;
+    save(&mut via_survivor, vec![event("WithThree", "{}")], vec![])
+        .await
+        .expect("three of five take writes");
+    cluster.restart(leader).await;
+    cluster.restart(second).await;
+
+    // Back to three: voters leave one at a time, and the cluster keeps its quorum.
+    cairn_cluster(&cluster, 1, &["remove", "5"]);
+    cairn_cluster(&cluster, 2, &["remove", "4"]);
+    cluster.kill(4);
+    cluster.kill(5);
+    let (voters, learners) = voters_and_learners(&cluster, 1).await;
+    assert_eq!((voters, learners), (vec![1, 2, 3], vec![]));
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let follower = others(&[1, 2, 3], leader)[0];
+    cluster.kill(follower);
+    let mut via_leader = client(&cluster, leader).await;
+    save(&mut via_leader, vec![event("AfterShrink", "{}")], vec![])
+        .await
+        .expect("two of three take writes: removed nodes no longer count");
+    let removing_the_last = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["cluster", "remove", "9", "--endpoint"])
+        .arg(cluster.member(leader).peer_addr().to_string())
+        .args(["--cluster-secret", SECRET])
+        .output()
+        .expect("cairn cluster");
+    assert!(!removing_the_last.status.success());
+    assert!(
+        String::from_utf8_lossy(&removing_the_last.stderr).contains("node 9 is not a member"),
+        "{}",
+        String::from_utf8_lossy(&removing_the_last.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_missed_the_purged_log_catches_up_from_a_snapshot() {
+    let mut cluster = Cluster::start(
+        3,
+        &["--snapshot-every-entries", "20", "--raft-log-kept", "5"],
+    )
+    .await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let behind = others(&cluster.ids(), leader)[0];
+    cluster.kill(behind);
+    // One entry per write (sequential), far more than the log keeps behind a snapshot.
+    let mut via_leader = client(&cluster, leader).await;
+    for i in 0..120 {
+        save(
+            &mut via_leader,
+            vec![event("Written", &format!(r#"{{"i":{i}}}"#))],
+            vec![],
+        )
+        .await
+        .expect("write");
+    }
+    cluster.restart(behind).await;
+    let events = all_events(&mut client(&cluster, behind).await)
+        .await
+        .expect("a linearizable read on the node that was behind");
+    assert_eq!(events.len(), 120);
+    let metrics = http_get(cluster.node(behind).http_addr, "/metrics").await;
+    let installs = metric(&metrics, "cairn_raft_snapshot_installs_total");
+    assert!(
+        installs >= 1.0,
+        "the node caught up by snapshot install:\n{metrics}"
+    );
+    let sent = metric(
+        &http_get(cluster.node(leader).http_addr, "/metrics").await,
+        "cairn_raft_snapshot_chunks_sent_total",
+    );
+    assert!(sent >= 1.0, "the leader sent a snapshot");
+    // And it follows the log from there.
+    save(
+        &mut via_leader,
+        vec![event("Written", r#"{"i":120}"#)],
+        vec![],
+    )
+    .await
+    .expect("write");
+    let events = all_events(&mut client(&cluster, behind).await)
+        .await
+        .expect("read");
+    assert_eq!(events.len(), 121);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_restarts_with_its_data_and_hands_leadership_over() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let target = others(&cluster.ids(), leader)[0];
+    let moved = cairn_cluster(&cluster, leader, &["transfer-leader", &target.to_string()]);
+    assert!(moved.contains(&format!("node {target} leads")), "{moved}");
+    assert_eq!(cluster.leader_among(&[1, 2, 3]).await, target);
+
+    let mut via = client(&cluster, leader).await;
+    let mut written = Vec::new();
+    for i in 0..10 {
+        let e = event("Kept", &format!(r#"{{"i":{i}}}"#));
+        written.push(e.event_id.clone());
+        save(&mut via, vec![e], vec![]).await.expect("write");
+    }
+    for id in cluster.ids() {
+        let node = cluster
+            .members
+            .get_mut(&id)
+            .and_then(|m| m.node.take())
+            .expect("runs");
+        assert!(node.terminate().await.success(), "node {id} stops cleanly");
+    }
+    // All three come back together (none can serve before a quorum is up).
+    let launching: Vec<_> = cluster
+        .ids()
+        .into_iter()
+        .map(|id| (id, cluster.relaunch(id)))
+        .collect();
+    for (id, launching) in launching {
+        let node = launching.serving_async().await;
+        cluster.adopt(id, node);
+    }
+    cluster.leader_among(&[1, 2, 3]).await;
+    for id in cluster.ids() {
+        let events = all_events(&mut client(&cluster, id).await)
+            .await
+            .expect("read");
+        let ids: Vec<String> = events.into_iter().map(|e| e.event_id).collect();
+        assert_eq!(ids, written, "node {id} kept every write");
+    }
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.expect("response");
+    body
+}
+
+/// The value of an unlabelled series in a Prometheus exposition.
+fn metric(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no series {name}"))
+}

@@ -204,6 +204,22 @@ pub fn start(config: ServeConfig) -> Boxed<Result<RunningServer, ServerError>> {
     })
 }
 
+/// Accepted connections with TCP_NODELAY set. `serve_with_incoming` ignores the builder's
+/// TCP settings, and without NODELAY Nagle holds a response's trailing frames for the
+/// peer's delayed ACK (40 ms).
+fn nodelay_incoming(
+    listener: TcpListener,
+    kind: &'static str,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    TcpListenerStream::new(listener).map(move |accepted| {
+        accepted.inspect(|stream| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::warn!("failed to set TCP_NODELAY on a {kind} connection: {e}");
+            }
+        })
+    })
+}
+
 /// The peer port's server.
 struct PeerServer {
     stop: CancellationToken,
@@ -232,13 +248,7 @@ fn spawn_peer_server(listener: TcpListener, secret: &str, ready: PeerReady) -> P
             .add_service(raft)
             .add_service(cluster)
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(listener).map(|accepted| {
-                    accepted.inspect(|stream| {
-                        if let Err(e) = stream.set_nodelay(true) {
-                            tracing::warn!("failed to set TCP_NODELAY on a peer connection: {e}");
-                        }
-                    })
-                }),
+                nodelay_incoming(listener, "peer"),
                 stop.clone().cancelled_owned(),
             ),
     );
@@ -347,15 +357,7 @@ async fn serve_on(
             .add_service(event_store)
             .add_service(admin)
             .serve_with_incoming_shutdown(
-                // serve_with_incoming ignores the builder's TCP settings: without NODELAY,
-                // Nagle holds a response's trailing frames for the client's delayed ACK (40 ms).
-                TcpListenerStream::new(grpc_listener).map(|accepted| {
-                    accepted.inspect(|stream| {
-                        if let Err(e) = stream.set_nodelay(true) {
-                            tracing::warn!("failed to set TCP_NODELAY on a client connection: {e}");
-                        }
-                    })
-                }),
+                nodelay_incoming(grpc_listener, "client"),
                 grpc_stop.clone().cancelled_owned(),
             ),
     );

@@ -26,7 +26,7 @@ CHECKED := $(PROFILE) \
 help: ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-deps: ## Install or name missing system packages (libclang for RocksDB's bindgen, a C++ compiler)
+deps: ## Install or name missing system packages (libclang for RocksDB's bindgen, clang++ for its C++)
 	@scripts/ensure-deps.sh
 
 run: deps ## Build (release) and run a one-node Cairn on :5005 with data in ./data

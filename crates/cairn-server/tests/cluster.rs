@@ -450,8 +450,7 @@ async fn membership_grows_from_three_to_five_voters_and_shrinks_back() {
     // linearizable reads of everything written before they came.
     cluster.join(4, 2, &[]).await;
     cluster.join(5, 3, &[]).await;
-    let (voters, learners) = voters_and_learners(&cluster, leader).await;
-    assert_eq!((voters, learners), (vec![1, 2, 3], vec![4, 5]));
+    agreed_membership(&cluster, leader, &[1, 2, 3], &[4, 5]).await;
     let on_learner = all_events(&mut client(&cluster, 4).await)
         .await
         .expect("read");
@@ -460,9 +459,7 @@ async fn membership_grows_from_three_to_five_voters_and_shrinks_back() {
     let promoted = cairn_cluster(&cluster, 1, &["promote", "4"]);
     assert!(promoted.contains("node 4 is a voter"), "{promoted}");
     cairn_cluster(&cluster, 5, &["promote", "5"]);
-    let (voters, learners) = voters_and_learners(&cluster, 4).await;
-    assert_eq!(voters, vec![1, 2, 3, 4, 5]);
-    assert!(learners.is_empty());
+    agreed_membership(&cluster, 4, &[1, 2, 3, 4, 5], &[]).await;
 
     // Five voters survive two failures, the leader among them.
     let leader = cluster.leader_among(&cluster.ids()).await;
@@ -483,8 +480,7 @@ async fn membership_grows_from_three_to_five_voters_and_shrinks_back() {
     cairn_cluster(&cluster, 2, &["remove", "4"]);
     cluster.kill(4);
     cluster.kill(5);
-    let (voters, learners) = voters_and_learners(&cluster, 1).await;
-    assert_eq!((voters, learners), (vec![1, 2, 3], vec![]));
+    agreed_membership(&cluster, 1, &[1, 2, 3], &[]).await;
     let leader = cluster.leader_among(&[1, 2, 3]).await;
     let follower = others(&[1, 2, 3], leader)[0];
     cluster.kill(follower);
@@ -504,6 +500,209 @@ async fn membership_grows_from_three_to_five_voters_and_shrinks_back() {
         "{}",
         String::from_utf8_lossy(&removing_a_stranger.stderr)
     );
+}
+
+/// Every event of the boundary, oldest first, in pages of the GetEvents limit.
+async fn every_event(es: &mut EventStoreClient<Channel>) -> Result<Vec<pb::Event>, tonic::Status> {
+    let mut events: Vec<pb::Event> = Vec::new();
+    loop {
+        let from_position = events.last().and_then(|e| e.position);
+        let mut page = es
+            .get_events(admin(pb::GetEventsRequest {
+                boundary: BOUNDARY.into(),
+                count: 10_000,
+                direction: pb::Direction::Asc as i32,
+                from_position,
+                ..Default::default()
+            }))
+            .await?
+            .into_inner()
+            .events;
+        if let Some(last) = events.last() {
+            // `from_position` is inclusive: the page starts with the last event already read.
+            assert_eq!(page.first().map(|e| &e.event_id), Some(&last.event_id));
+            page.remove(0);
+        }
+        if page.is_empty() {
+            return Ok(events);
+        }
+        events.extend(page);
+    }
+}
+
+/// Waits until node `id` has applied everything node `reference` had committed when asked.
+async fn caught_up(cluster: &Cluster, id: u64, reference: u64) {
+    let target = cluster
+        .status(reference)
+        .await
+        .expect("status")
+        .committed_index;
+    cluster.applied_everywhere(&[id], target).await;
+}
+
+/// Waits until node `id` has applied the membership with these voters and learners (a
+/// change is acknowledged once committed; each node applies it in its own time).
+async fn agreed_membership(cluster: &Cluster, id: u64, voters: &[u64], learners: &[u64]) {
+    let want = (voters.to_vec(), learners.to_vec());
+    wait_for(
+        &format!("node {id} to apply the membership {want:?}"),
+        || {
+            let want = want.clone();
+            async move { (voters_and_learners(cluster, id).await == want).then_some(()) }
+        },
+    )
+    .await;
+}
+
+const SEEDED_EVENTS: usize = 100_000;
+const SEED_BATCH: usize = 1_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_grows_under_writes_past_a_purged_log_and_replaces_a_wiped_node() {
+    // A snapshot every 50 entries with 10 kept behind it: newcomers find the log long purged.
+    let snapshots = ["--snapshot-every-entries", "50", "--raft-log-kept", "10"];
+    let mut cluster = Cluster::start(3, &snapshots).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let mut seeders = Vec::new();
+    for lane in 0..4 {
+        let mut es = client(&cluster, leader).await;
+        seeders.push(tokio::spawn(async move {
+            for batch in (lane..SEEDED_EVENTS / SEED_BATCH).step_by(4) {
+                let events = (0..SEED_BATCH)
+                    .map(|i| event("Seeded", &format!(r#"{{"n":{}}}"#, batch * SEED_BATCH + i)))
+                    .collect();
+                save(&mut es, events, vec![]).await.expect("seed");
+            }
+        }));
+    }
+    for seeder in seeders {
+        seeder.await.expect("seeder");
+    }
+
+    // Writes keep coming through every original member while the cluster grows.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut writers = Vec::new();
+    for id in [1, 2, 3] {
+        let (mut es, stop) = (client(&cluster, id).await, stop.clone());
+        writers.push(tokio::spawn(async move {
+            let (mut acknowledged, mut unsure) = (Vec::new(), Vec::new());
+            while !stop.is_cancelled() {
+                let e = event("WhileGrowing", &format!(r#"{{"via":{id}}}"#));
+                let event_id = e.event_id.clone();
+                match save(&mut es, vec![e], vec![]).await {
+                    Ok(_) => acknowledged.push(event_id),
+                    // A write caught in a membership change may or may not have committed.
+                    Err(status) if status.code() == Code::Unavailable => unsure.push(event_id),
+                    Err(status) => panic!("write via node {id}: {status}"),
+                }
+            }
+            (acknowledged, unsure)
+        }));
+    }
+    cluster.join(4, 1, &snapshots).await;
+    cluster.join(5, 2, &snapshots).await;
+    for newcomer in [4, 5] {
+        caught_up(&cluster, newcomer, leader).await;
+        let metrics = http_get(cluster.node(newcomer).http_addr, "/metrics").await;
+        assert!(
+            metric(&metrics, "cairn_raft_snapshot_installs_total") >= 1.0,
+            "node {newcomer} caught up from a snapshot, the log it needed being purged"
+        );
+    }
+    cairn_cluster(&cluster, 3, &["promote", "4"]);
+    cairn_cluster(&cluster, 4, &["promote", "5"]);
+    agreed_membership(&cluster, 5, &[1, 2, 3, 4, 5], &[]).await;
+    stop.cancel();
+    let (mut acknowledged, mut unsure) = (BTreeSet::new(), BTreeSet::new());
+    for writer in writers {
+        let (acked, maybe) = writer.await.expect("writer");
+        acknowledged.extend(acked);
+        unsure.extend(maybe);
+    }
+    assert!(
+        acknowledged.len() >= 10,
+        "writes ran while the cluster grew: {} acknowledged",
+        acknowledged.len()
+    );
+
+    // Every replica holds the same events, byte for byte; each acknowledged write once.
+    let leader = cluster.leader_among(&cluster.ids()).await;
+    caught_up(&cluster, leader, leader).await;
+    let reference = every_event(&mut client(&cluster, leader).await)
+        .await
+        .expect("read");
+    let seeded = reference
+        .iter()
+        .filter(|e| e.event_type == "Seeded")
+        .count();
+    assert_eq!(seeded, SEEDED_EVENTS);
+    let while_growing: Vec<&String> = reference
+        .iter()
+        .filter(|e| e.event_type == "WhileGrowing")
+        .map(|e| &e.event_id)
+        .collect();
+    let present: BTreeSet<&String> = while_growing.iter().copied().collect();
+    assert_eq!(present.len(), while_growing.len(), "no write applied twice");
+    for id in &acknowledged {
+        assert!(present.contains(id), "acknowledged write {id} is missing");
+    }
+    for id in &present {
+        assert!(
+            acknowledged.contains(*id) || unsure.contains(*id),
+            "{id} was never written"
+        );
+    }
+    for id in others(&cluster.ids(), leader) {
+        let events = every_event(&mut client(&cluster, id).await)
+            .await
+            .expect("read");
+        assert!(events == reference, "node {id} differs from the leader");
+    }
+
+    // Back to three: the newcomers leave, then stop cleanly.
+    cairn_cluster(&cluster, 1, &["remove", "5"]);
+    cairn_cluster(&cluster, 2, &["remove", "4"]);
+    for removed in [4, 5] {
+        let node = cluster
+            .members
+            .get_mut(&removed)
+            .and_then(|m| m.node.take())
+            .expect("runs");
+        assert!(
+            node.terminate().await.success(),
+            "node {removed} stops cleanly"
+        );
+    }
+    agreed_membership(&cluster, 1, &[1, 2, 3], &[]).await;
+
+    // A member loses its disk: it is removed, wiped, and joins again under its own id.
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let lost = others(&[1, 2, 3], leader)[0];
+    cluster.kill(lost);
+    cairn_cluster(&cluster, leader, &["remove", &lost.to_string()]);
+    cluster.rejoin_wiped(lost, leader, &snapshots).await;
+    caught_up(&cluster, lost, leader).await;
+    let metrics = http_get(cluster.node(lost).http_addr, "/metrics").await;
+    assert!(metric(&metrics, "cairn_raft_snapshot_installs_total") >= 1.0);
+    cairn_cluster(&cluster, leader, &["promote", &lost.to_string()]);
+    agreed_membership(&cluster, lost, &[1, 2, 3], &[]).await;
+    let mut via_replaced = client(&cluster, lost).await;
+    let last = event("AfterReplace", "{}");
+    let last_id = last.event_id.clone();
+    save(&mut via_replaced, vec![last], vec![])
+        .await
+        .expect("the replaced node takes writes");
+    for id in [1, 2, 3] {
+        let events = every_event(&mut client(&cluster, id).await)
+            .await
+            .expect("read");
+        assert_eq!(events.len(), reference.len() + 1, "node {id}");
+        assert!(
+            events[..reference.len()] == reference[..],
+            "node {id} kept the history"
+        );
+        assert_eq!(events.last().map(|e| &e.event_id), Some(&last_id));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -652,4 +851,75 @@ fn metric(exposition: &str, name: &str) -> f64 {
                 .ok()
         })
         .unwrap_or_else(|| panic!("no series {name}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real Prometheus (../shared/tools/prometheus); run by .ci/run with --ignored"]
+async fn the_cluster_alerts_fire_on_a_real_prometheus() {
+    use support::prometheus::{Prometheus, alert_rules_without_delays};
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let targets: Vec<_> = cluster
+        .ids()
+        .iter()
+        .map(|&id| cluster.node(id).http_addr)
+        .collect();
+    let prometheus = Prometheus::start(&targets, &alert_rules_without_delays());
+    wait_for("Prometheus to scrape every node", || {
+        let up = prometheus.value("count(up == 1)");
+        async move { (up == Some(3.0)).then_some(()) }
+    })
+    .await;
+    assert!(!prometheus.fires("CairnNoLeader"));
+    assert!(!prometheus.fires("CairnReplicationLag"));
+
+    // A frozen follower falls more than 10,000 entries behind while the others commit.
+    let lagging = others(&[1, 2, 3], leader)[0];
+    cluster.pause(lagging);
+    // One write at a time: each entry carries one command (concurrent writes would share).
+    let mut es = client(&cluster, leader).await;
+    for _ in 0..10_050 {
+        save(&mut es, vec![event("Lagging", "{}")], vec![])
+            .await
+            .expect("two of three commit");
+    }
+    let labels = prometheus
+        .await_firing("CairnReplicationLag", |labels| {
+            labels["peer"] == lagging.to_string()
+        })
+        .await;
+    assert_eq!(
+        labels["instance"],
+        cluster.node(leader).http_addr.to_string(),
+        "the leader reports the lag"
+    );
+    cluster.resume(lagging);
+
+    // Leadership moving again and again: the leader freezes, the others elect another.
+    let mut current = leader;
+    for _ in 0..2 {
+        cluster.pause(current);
+        let rest = others(&[1, 2, 3], current);
+        let next = cluster.leader_among(&rest).await;
+        cluster.resume(current);
+        current = next;
+    }
+    prometheus
+        .await_firing("CairnFrequentLeaderChanges", |_| true)
+        .await;
+
+    // Two of three frozen: the one left cannot elect a leader.
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let left = others(&[1, 2, 3], leader)[0];
+    let frozen = others(&others(&[1, 2, 3], leader), left)[0];
+    cluster.pause(leader);
+    cluster.pause(frozen);
+    prometheus.await_firing("CairnNoLeader", |_| true).await;
+    prometheus
+        .await_firing("CairnNodeDown", |labels| {
+            labels["instance"] == cluster.node(leader).http_addr.to_string()
+        })
+        .await;
+    cluster.resume(leader);
+    cluster.resume(frozen);
 }

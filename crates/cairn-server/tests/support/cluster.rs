@@ -230,8 +230,25 @@ impl Cluster {
 
     /// Adds node `id` started with `--join` to the member `via`; returns once it serves.
     pub async fn join(&mut self, id: u64, via: u64, extra: &[&str]) {
+        self.add_member(id).await;
+        self.start_joining(id, via, extra).await;
+    }
+
+    /// Deletes the data of node `id`, which must be down, as a replaced disk would, and
+    /// starts it again with `--join` to the member `via` (its old start arguments would
+    /// have it claim a place it no longer has); returns once it serves.
+    pub async fn rejoin_wiped(&mut self, id: u64, via: u64, extra: &[&str]) {
+        assert!(self.member(id).node.is_none(), "node {id} still runs");
+        let data_dir = &self.member(id).data_dir;
+        if data_dir.exists() {
+            std::fs::remove_dir_all(data_dir).expect("wipe the data directory");
+        }
+        self.start_joining(id, via, extra).await;
+    }
+
+    async fn start_joining(&mut self, id: u64, via: u64, extra: &[&str]) {
         let target = self.member(via).advertise;
-        let member = self.add_member(id).await;
+        let member = self.member_mut(id);
         member.args = member_args(id, &member.advertise);
         member
             .args

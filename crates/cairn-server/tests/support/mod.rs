@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod cluster;
+pub mod prometheus;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

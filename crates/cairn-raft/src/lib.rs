@@ -9,6 +9,7 @@
 #![allow(clippy::result_large_err)]
 
 mod bootstrap;
+pub mod coalesce;
 pub mod codec;
 mod heads;
 mod log_store;

@@ -11,6 +11,7 @@ use cairn_store::Store;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError as OpenRaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 
+use crate::coalesce::Coalescer;
 use crate::heads::HeadWatch;
 use crate::proposer::Proposer;
 use crate::{Raft, RaftError};
@@ -89,6 +90,8 @@ pub struct RaftNode {
     current_leader: Arc<AtomicU64>,
     /// The same, for tasks that act on leadership changes (updated after the atomic).
     leader_changes: tokio::sync::watch::Receiver<u64>,
+    /// Confirmed read indexes, one quorum round for every read waiting when it starts.
+    read_indexes: Coalescer<(), Result<u64, Arc<RaftError>>>,
 }
 
 impl std::fmt::Debug for RaftNode {
@@ -129,6 +132,18 @@ impl RaftNode {
                 }
             }
         });
+        let read_indexes = {
+            let raft = raft.clone();
+            Coalescer::spawn(move |()| {
+                let raft = raft.clone();
+                async move {
+                    raft.get_read_log_id()
+                        .await
+                        .map(|(read, _applied)| read.map_or(0, |l| l.index))
+                        .map_err(|e| Arc::new(Self::read_error(e)))
+                }
+            })
+        };
         RaftNode {
             raft,
             store,
@@ -137,6 +152,7 @@ impl RaftNode {
             proposer: Arc::new(proposer),
             current_leader,
             leader_changes,
+            read_indexes,
         }
     }
 
@@ -257,25 +273,32 @@ impl RaftNode {
     /// started, after confirming with a quorum that it still leads (linearizable reads).
     /// Elsewhere: [`RaftError::ForwardToLeader`]; see [`RaftNode::read_index`].
     pub async fn read_barrier(&self) -> Result<(), RaftError> {
-        self.raft
-            .ensure_linearizable()
-            .await
-            .map(|_| ())
-            .map_err(|e| self.read_error(e))
+        let index = self.read_index().await?;
+        let applied = self
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |l| l.index);
+        if applied >= index {
+            return Ok(());
+        }
+        // The caller bounds the whole read; this wait only ends early on shutdown.
+        self.wait_applied(index, READ_APPLY_WAIT).await
     }
 
     /// On the leader: the log index a linearizable read must wait for, after confirming
-    /// with a quorum that this node still leads. A follower asks the leader for it, then
-    /// waits with [`RaftNode::wait_applied`] until it has applied that far.
+    /// with a quorum that this node still leads; concurrent reads share one confirmation
+    /// round (see [`Coalescer`]). A follower asks the leader for it, then waits with
+    /// [`RaftNode::wait_applied`] until it has applied that far.
     pub async fn read_index(&self) -> Result<u64, RaftError> {
-        self.raft
-            .get_read_log_id()
-            .await
-            .map(|(read, _applied)| read.map_or(0, |l| l.index))
-            .map_err(|e| self.read_error(e))
+        match self.read_indexes.call(()).await {
+            Some(result) => result.map_err(|e| reissue(&e)),
+            None => Err(RaftError::Fatal("raft stopped".into())),
+        }
     }
 
-    fn read_error(&self, e: OpenRaftError<u64, CheckIsLeaderError<u64, BasicNode>>) -> RaftError {
+    fn read_error(e: OpenRaftError<u64, CheckIsLeaderError<u64, BasicNode>>) -> RaftError {
         match e {
             OpenRaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => {
                 RaftError::ForwardToLeader {
@@ -392,5 +415,24 @@ fn membership_error(e: OpenRaftError<u64, ClientWriteError<u64, BasicNode>>) -> 
             RaftError::Membership(e.to_string())
         }
         OpenRaftError::Fatal(f) => RaftError::Fatal(f.to_string()),
+    }
+}
+
+/// How long a leader's read waits for its own state machine to reach the read index; the
+/// read's caller has a tighter bound of its own.
+const READ_APPLY_WAIT: Duration = Duration::from_secs(3600);
+
+/// The copy of a shared read-index failure that one of its callers gets.
+fn reissue(e: &RaftError) -> RaftError {
+    match e {
+        RaftError::ForwardToLeader {
+            leader_id,
+            leader_addr,
+        } => RaftError::ForwardToLeader {
+            leader_id: *leader_id,
+            leader_addr: leader_addr.clone(),
+        },
+        RaftError::NoLeader(why) => RaftError::NoLeader(why.clone()),
+        other => RaftError::Fatal(other.to_string()),
     }
 }

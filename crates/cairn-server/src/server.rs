@@ -448,6 +448,7 @@ async fn serve_on(
             process_id: uuid::Uuid::new_v4().to_string(),
             shutdown: CancellationToken::new(),
             subscriptions: Default::default(),
+            leader_read_indexes: crate::state::leader_read_indexes(peers.clone()),
             peers,
         });
         // Peers reach Raft from here on: a new member must take part in elections and

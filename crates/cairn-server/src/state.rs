@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use cairn_core::Error;
 use cairn_core::boundary::{BoundaryInfo, validate_boundary_name};
 use cairn_core::command::{Command, Outcome};
+use cairn_raft::coalesce::Coalescer;
 use cairn_raft::{RaftError, RaftNode};
 use cairn_store::Store;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +38,19 @@ pub struct NodeState {
     pub subscriptions: Arc<crate::subscription::Registry>,
     /// Other nodes' peer ports: forwarding, read indexes, membership calls.
     pub peers: Arc<PeerClient>,
+    /// Read indexes asked of the leader (by its peer address): concurrent reads on this
+    /// follower share one call, each waiting for a call that started after it arrived.
+    pub leader_read_indexes: Coalescer<String, Result<Option<u64>, tonic::Status>>,
+}
+
+/// The read-index calls a follower makes to the leader, shared as [`Coalescer`] says.
+pub fn leader_read_indexes(
+    peers: Arc<PeerClient>,
+) -> Coalescer<String, Result<Option<u64>, tonic::Status>> {
+    Coalescer::spawn(move |addr: String| {
+        let peers = peers.clone();
+        async move { peers.read_index(&addr).await }
+    })
 }
 
 impl std::fmt::Debug for NodeState {
@@ -222,7 +236,10 @@ impl NodeState {
             match (leader_id, leader_addr) {
                 (Some(id), Some(addr)) if id != self.raft.node_id() => {
                     let timer = self.metrics.read_index_wait.start_timer();
-                    let index = match self.peers.read_index(&addr).await {
+                    let asked = self.leader_read_indexes.call(addr).await;
+                    let index = match asked.unwrap_or_else(|| {
+                        Err(tonic::Status::unavailable("the node is shutting down"))
+                    }) {
                         Ok(Some(index)) => index,
                         // The node named has lost leadership: ask its successor.
                         Ok(None) => {

@@ -96,7 +96,8 @@ struct Args {
     #[arg(long, env = "CAIRN_BENCH_HOT_CONTEXTS", default_value_t = defaults::HOT_CONTEXTS)]
     hot_contexts: u64,
 
-    /// HTTP/2 connections shared by the clients of a run (0 = one per client).
+    /// HTTP/2 connections per endpoint, shared by the clients of a run (0 = one per
+    /// client).
     #[arg(long, env = "CAIRN_BENCH_CONNECTIONS", default_value_t = defaults::CONNECTIONS)]
     connections: usize,
 

@@ -36,8 +36,10 @@ pub struct Settings {
     pub hot_contexts: u64,
     /// Show progress.
     pub progress: bool,
-    /// HTTP/2 connections per client group (0 = one per client). Clients share them
-    /// round-robin, as goroutines share one gRPC channel in Go clients.
+    /// HTTP/2 connections per endpoint and client group (0 = one per client). Clients
+    /// share them round-robin, as goroutines share one gRPC channel in Go clients; with
+    /// several endpoints, consecutive connections go to consecutive endpoints, so the
+    /// clients are spread over every endpoint.
     pub connections: usize,
 }
 
@@ -378,7 +380,7 @@ async fn spawn_group(
     let connections = if settings.connections == 0 {
         clients
     } else {
-        settings.connections.min(clients)
+        (settings.connections * connect.endpoints.len()).min(clients)
     };
     let mut conns = Vec::with_capacity(connections);
     for c in 0..connections {

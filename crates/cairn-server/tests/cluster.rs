@@ -885,7 +885,7 @@ async fn the_cluster_alerts_fire_on_a_real_prometheus() {
     }
     let labels = prometheus
         .await_firing("CairnReplicationLag", |labels| {
-            labels["peer"] == lagging.to_string()
+            labels["peer"].as_str() == Some(lagging.to_string().as_str())
         })
         .await;
     assert_eq!(
@@ -917,7 +917,7 @@ async fn the_cluster_alerts_fire_on_a_real_prometheus() {
     prometheus.await_firing("CairnNoLeader", |_| true).await;
     prometheus
         .await_firing("CairnNodeDown", |labels| {
-            labels["instance"] == cluster.node(leader).http_addr.to_string()
+            labels["instance"].as_str() == Some(cluster.node(leader).http_addr.to_string().as_str())
         })
         .await;
     cluster.resume(leader);

@@ -53,12 +53,14 @@ wait_serving() { # log pid
   done
 }
 
+run=0
 # run_bench <label> <scenario> <clients> <endpoints>
 run_bench() {
+  local name="$out/$run-$1-$2-$3"
   "$bench" --endpoints "$4" --seed-events "$seed" --scenarios "$2" --clients "$3" \
     --warmup-secs "$warmup" --duration-secs "$duration" --quiet \
-    --json "$out/$1-$2-$3.json" >"$out/$1-$2-$3.log" 2>&1
-  python3 - "$out/$1-$2-$3.json" "$1" <<'PY' | tee -a "$out/summary.txt"
+    --json "$name.json" >"$name.log" 2>&1
+  python3 - "$name.json" "$1" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))[0]
 print(f"{sys.argv[2]:<8} {r['scenario']:<22} {r['clients']:>3} clients "
@@ -68,6 +70,7 @@ PY
 }
 
 single() {
+  run=$((run + 1))
   work=$(mktemp -d /var/tmp/cairn-bench-single.XXXXXX)
   "$cairn" serve --data-dir "$work/data" --listen 127.0.0.1:15105 \
     --http-listen 127.0.0.1:19564 --log warn,cairn_server::server=info >"$work/node.log" 2>&1 &
@@ -81,6 +84,7 @@ single() {
 }
 
 cluster() {
+  run=$((run + 1))
   work=$(mktemp -d /var/tmp/cairn-bench-cluster.XXXXXX)
   head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$work/secret"
   local members="1=127.0.0.1:15206,2=127.0.0.1:15216,3=127.0.0.1:15226" id offset
@@ -105,7 +109,7 @@ cluster() {
   done
   echo "cluster: leader is node $leader" >>"$out/summary.txt"
   if [ "${PROFILE:-0}" = 1 ] && command -v perf >/dev/null 2>&1; then
-    perf record -F 499 -g -o "$out/leader.perf.data" -p "${pids[$((leader - 1))]}" \
+    perf record -F 499 -g -o "$out/$run-leader.perf.data" -p "${pids[$((leader - 1))]}" \
       >/dev/null 2>&1 &
     local perf_pid=$!
   fi
@@ -114,8 +118,8 @@ cluster() {
   run_bench cluster read-conditional 16 "$followers"
   if [ -n "${perf_pid:-}" ]; then
     kill -INT "$perf_pid"; wait "$perf_pid" || true
-    perf report -i "$out/leader.perf.data" --no-children --sort dso,symbol --stdio \
-      2>/dev/null | head -80 >"$out/leader.perf.txt" || true
+    perf report -i "$out/$run-leader.perf.data" --no-children --sort dso,symbol --stdio \
+      2>/dev/null | head -80 >"$out/$run-leader.perf.txt" || true
   fi
   for id in 1 2 3; do
     # CPU seconds each node used over the whole run (utime + stime, in clock ticks).

@@ -56,13 +56,6 @@ pub struct UserRecord {
     pub credential_generation: u64,
 }
 
-impl UserRecord {
-    /// True when the user holds any of `roles`.
-    pub fn has_any(&self, roles: &[Role]) -> bool {
-        self.roles.iter().any(|r| roles.contains(r))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,8 +21,6 @@ pub const MAX_NAME_LEN: usize = 63;
 /// Numbers whose plain decimal expansion would exceed this many characters are indexed by
 /// their literal text instead (keeps `1e999999` from allocating a megabyte per tag).
 pub const MAX_NUMBER_EXPANSION: usize = 1024;
-/// Maximum criteria in one GetLatestByCriteria request.
-pub const MAX_LATEST_CRITERIA: usize = MAX_CRITERIA;
 /// Maximum length of a username or a display name.
 pub const MAX_USERNAME_BYTES: usize = 256;
 /// Maximum length of a password (argon2 input).

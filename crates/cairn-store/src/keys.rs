@@ -15,11 +15,6 @@ pub fn event_key(bid: u32, prepare: u64) -> [u8; 12] {
     k
 }
 
-/// First key after every event of `bid`.
-pub fn boundary_end_key(bid: u32) -> [u8; 4] {
-    (bid + 1).to_be_bytes()
-}
-
 /// Prepare position of an `events` key.
 pub fn prepare_of_event_key(key: &[u8]) -> Result<u64, StoreError> {
     let tail: [u8; 8] = key

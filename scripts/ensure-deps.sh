@@ -3,7 +3,7 @@
 #
 # RocksDB is compiled from source (C++) and its Rust bindings are generated with bindgen,
 # which loads libclang at build time. The C++ is compiled with clang++ (.cargo/config.toml:
-# a quarter faster than g++ on RocksDB's sources) unless CXX names another compiler.
+# faster than g++ on RocksDB's sources) unless CXX names another compiler.
 # A fresh Debian/Ubuntu machine usually has gcc but neither libclang nor clang. As root we
 # install what is missing; otherwise we say exactly what to install.
 set -euo pipefail

@@ -274,6 +274,8 @@ impl RaftNode {
     /// Elsewhere: [`RaftError::ForwardToLeader`]; see [`RaftNode::read_index`].
     pub async fn read_barrier(&self) -> Result<(), RaftError> {
         let index = self.read_index().await?;
+        // Usually applied already: a borrow answers that, where openraft's wait would clone
+        // the whole metrics struct first.
         let applied = self
             .raft
             .metrics()
@@ -293,7 +295,7 @@ impl RaftNode {
     /// [`RaftNode::wait_applied`] until it has applied that far.
     pub async fn read_index(&self) -> Result<u64, RaftError> {
         match self.read_indexes.call(()).await {
-            Some(result) => result.map_err(|e| reissue(&e)),
+            Some(result) => result.map_err(|e| e.for_another_caller()),
             None => Err(RaftError::Fatal("raft stopped".into())),
         }
     }
@@ -421,18 +423,3 @@ fn membership_error(e: OpenRaftError<u64, ClientWriteError<u64, BasicNode>>) -> 
 /// How long a leader's read waits for its own state machine to reach the read index; the
 /// read's caller has a tighter bound of its own.
 const READ_APPLY_WAIT: Duration = Duration::from_secs(3600);
-
-/// The copy of a shared read-index failure that one of its callers gets.
-fn reissue(e: &RaftError) -> RaftError {
-    match e {
-        RaftError::ForwardToLeader {
-            leader_id,
-            leader_addr,
-        } => RaftError::ForwardToLeader {
-            leader_id: *leader_id,
-            leader_addr: leader_addr.clone(),
-        },
-        RaftError::NoLeader(why) => RaftError::NoLeader(why.clone()),
-        other => RaftError::Fatal(other.to_string()),
-    }
-}

@@ -12,7 +12,9 @@ use cairn_proto::orisun::event_store_client::EventStoreClient;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+#[cfg(feature = "tls")]
+use tonic::transport::{Certificate, ClientTlsConfig};
+use tonic::transport::{Channel, Endpoint};
 
 use crate::direct::DirectChannel;
 
@@ -137,15 +139,38 @@ impl Calls {
     }
 }
 
+fn needs_tls(options: &ConnectOptions, endpoint: &str) -> bool {
+    options.ca_cert.is_some() || endpoint.starts_with("https://")
+}
+
+#[cfg(feature = "tls")]
+fn tls(ep: Endpoint, options: &ConnectOptions) -> anyhow::Result<Endpoint> {
+    let config = match &options.ca_cert {
+        Some(ca) => {
+            let pem =
+                std::fs::read(ca).with_context(|| format!("failed to read {}", ca.display()))?;
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))
+        }
+        None => ClientTlsConfig::new().with_native_roots(),
+    };
+    Ok(ep.tls_config(config)?)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls(ep: Endpoint, _options: &ConnectOptions) -> anyhow::Result<Endpoint> {
+    anyhow::bail!(
+        "{} needs TLS, and this cairn-bench was built without it: \
+         cargo build --release -p cairn-bench --features tls",
+        ep.uri()
+    )
+}
+
 async fn channel(options: &ConnectOptions, endpoint: &str) -> anyhow::Result<Channel> {
     let mut ep = Endpoint::from_shared(endpoint.to_string())
         .with_context(|| format!("invalid endpoint {endpoint:?}"))?
         .tcp_nodelay(true);
-    if let Some(ca) = &options.ca_cert {
-        let pem = std::fs::read(ca).with_context(|| format!("failed to read {}", ca.display()))?;
-        ep = ep.tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))?;
-    } else if endpoint.starts_with("https://") {
-        ep = ep.tls_config(ClientTlsConfig::new().with_native_roots())?;
+    if needs_tls(options, endpoint) {
+        ep = tls(ep, options)?;
     }
     // A server that was just started may not listen yet: retry briefly.
     let deadline = std::time::Instant::now() + CONNECT_WAIT;
@@ -195,8 +220,7 @@ impl Connection {
             }
         };
         auth.adopt_token(pong.metadata());
-        let tls = options.ca_cert.is_some() || endpoint.starts_with("https://");
-        let calls = match (options.transport, tls) {
+        let calls = match (options.transport, needs_tls(options, endpoint)) {
             (Transport::Direct, true) => {
                 anyhow::bail!("--transport direct speaks plaintext only; {endpoint} needs TLS")
             }

@@ -56,7 +56,7 @@ struct Args {
     password: String,
 
     /// PEM file of the CA that signed the servers' certificates (implies TLS; https://
-    /// endpoints use the system roots otherwise).
+    /// endpoints use the system roots otherwise). TLS needs a build with `--features tls`.
     #[arg(long, env = "CAIRN_BENCH_CA_CERT")]
     ca_cert: Option<PathBuf>,
 

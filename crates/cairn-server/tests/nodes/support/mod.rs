@@ -1,14 +1,12 @@
 //! The real `cairn` binary as a child process, for black-box tests: started with
 //! `--listen 127.0.0.1:0`, its addresses read from its own "cairn is serving" log line.
 
-#![allow(dead_code)] // each test binary uses a different part
-
 pub mod cluster;
 pub mod prometheus;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,10 +25,6 @@ pub struct Node {
     pub addr: SocketAddr,
     /// HTTP (probes, metrics) address.
     pub http_addr: SocketAddr,
-    /// Every log line the node wrote so far (JSON).
-    pub log: Arc<Mutex<Vec<String>>>,
-    /// Its data directory.
-    pub data_dir: PathBuf,
 }
 
 /// A `cairn serve` process that has not yet reported that it serves.
@@ -38,7 +32,6 @@ pub struct Launching {
     child: Child,
     serving: std::sync::mpsc::Receiver<(String, String)>,
     log: Arc<Mutex<Vec<String>>>,
-    data_dir: PathBuf,
 }
 
 /// What a log line says, for the reader thread's callers.
@@ -97,7 +90,6 @@ impl Node {
             child,
             serving: rx,
             log,
-            data_dir: data_dir.to_path_buf(),
         }
     }
 
@@ -114,11 +106,6 @@ impl Node {
     /// The process id (signals).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
-    }
-
-    /// True while the process runs.
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
     }
 
     /// Sends `signal` (e.g. "STOP", "CONT") to the process.
@@ -183,8 +170,6 @@ impl Launching {
             child: Some(self.child),
             addr: addr.parse().expect("gRPC address"),
             http_addr: http_addr.parse().expect("HTTP address"),
-            log: self.log,
-            data_dir: self.data_dir,
         }
     }
 

@@ -6,7 +6,7 @@
 //! hands the path of a freshly built `cairn` (`CARGO_BIN_EXE_cairn`) only to this
 //! package's integration tests.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

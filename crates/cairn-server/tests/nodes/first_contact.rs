@@ -7,7 +7,7 @@
 //! `x-auth-token` *and* the Basic credentials on every request. grpcurl lists services and
 //! calls health through reflection, without credentials.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::str::FromStr;

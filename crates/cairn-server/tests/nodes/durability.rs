@@ -5,7 +5,7 @@
 //! and checks that every acknowledged write is there at the position it was acknowledged
 //! with, that boundaries and users survived, and that writes continue.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -8,7 +8,7 @@
 //!
 //! The run lasts `CAIRN_BANK_SECS` seconds (default 45; the long run uses 600).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

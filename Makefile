@@ -14,6 +14,7 @@ export CARGO_TARGET_DIR ?= target
 # dependencies (RocksDB, tonic, prost's runtime). The dependencies keep the release
 # settings (per-package overrides only: changing the profile's root or "*" values would
 # rebuild them, RocksDB included).
+WORKSPACE_CRATES := cairn-core cairn-store cairn-raft cairn-proto cairn-server cairn-bench cairn-operator cairn-tests
 PROFILE := --release
 CHECKED := $(PROFILE) \
 	$(foreach crate,$(WORKSPACE_CRATES),--config 'profile.release.package.$(crate).opt-level=0') \
@@ -42,7 +43,7 @@ build: deps ## Build the release binaries (cairn, cairn-bench) into $CARGO_TARGE
 test: deps ## Run the whole test suite (Cairn's crates with overflow checks and debug assertions)
 	$(CARGO) test $(CHECKED)
 
-test-real-servers: deps ## The suites gated on real servers and tools (Prometheus via CAIRN_SHARED_TOOLS, grpcurl)
+test-real-servers: deps ## The suites gated on real servers and tools (Prometheus and kube-apiserver via CAIRN_SHARED_TOOLS, grpcurl)
 	$(CARGO) test $(CHECKED) -- --ignored
 
 # Clippy runs on the default members and on the proto generator separately: in one

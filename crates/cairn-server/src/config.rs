@@ -139,6 +139,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_NODE_ID", default_value_t = defaults::NODE_ID)]
     pub node_id: u64,
 
+    /// Take the node id from the hostname instead of --node-id: a StatefulSet pod is named
+    /// `<set>-<ordinal>`, and its node id is the ordinal + 1 (`$HOSTNAME`, else the kernel's
+    /// hostname).
+    #[arg(long, env = "CAIRN_NODE_ID_FROM_HOSTNAME")]
+    pub node_id_from_hostname: bool,
+
     /// Address (host:port) other nodes use to reach this node's peer port. Defaults to this
     /// node's entry in --initial-members; required with --join.
     #[arg(long, env = "CAIRN_ADVERTISE_ADDR")]
@@ -308,8 +314,9 @@ pub struct ServeConfig {
 pub enum Membership {
     /// Form (or, after the first start, rejoin) the group of these members.
     Initial(BTreeMap<u64, String>),
-    /// Ask the member at this peer address to add this node as a learner.
-    Join(String),
+    /// Ask a member at one of these peer addresses (tried in turn) to add this node as a
+    /// learner.
+    Join(Vec<String>),
 }
 
 /// The peer side of a clustered node.
@@ -408,7 +415,23 @@ pub struct ConfigError(pub String);
 impl ServeArgs {
     /// Validates the flags.
     pub fn validate(self) -> Result<ServeConfig, ConfigError> {
-        let (cluster, advertise_addr) = self.cluster_config()?;
+        let node_id = if self.node_id_from_hostname {
+            let hostname = std::env::var("HOSTNAME")
+                .ok()
+                .filter(|h| !h.is_empty())
+                .or_else(|| {
+                    std::fs::read_to_string("/proc/sys/kernel/hostname")
+                        .ok()
+                        .map(|h| h.trim().to_string())
+                })
+                .ok_or_else(|| {
+                    ConfigError("--node-id-from-hostname: this host has no hostname".into())
+                })?;
+            node_id_from_hostname(&hostname)?
+        } else {
+            self.node_id
+        };
+        let (cluster, advertise_addr) = self.cluster_config(node_id)?;
         let mut boundaries: Vec<String> = self
             .boundaries
             .into_iter()
@@ -429,7 +452,7 @@ impl ServeArgs {
         if self.admin_password.is_empty() {
             return Err(ConfigError("--admin-password must not be empty".into()));
         }
-        if self.node_id == 0 {
+        if node_id == 0 {
             return Err(ConfigError("--node-id must be ≥ 1".into()));
         }
         if self.token_ttl_secs == 0 {
@@ -480,7 +503,7 @@ impl ServeArgs {
             admin_boundary,
             admin_username: self.admin_username,
             admin_password: self.admin_password,
-            node_id: self.node_id,
+            node_id,
             advertise_addr,
             cluster,
             timing,
@@ -504,7 +527,10 @@ impl ServeArgs {
 impl ServeArgs {
     /// The peer side, when --initial-members or --join make this node a cluster member;
     /// and the advertised peer address.
-    fn cluster_config(&self) -> Result<(Option<ClusterConfig>, Option<String>), ConfigError> {
+    fn cluster_config(
+        &self,
+        node_id: u64,
+    ) -> Result<(Option<ClusterConfig>, Option<String>), ConfigError> {
         let members = parse_members(&self.initial_members)?;
         let membership = match (&self.join, members.is_empty()) {
             (Some(_), false) => {
@@ -515,7 +541,12 @@ impl ServeArgs {
             (Some(join), true) => {
                 validate_peer_addr(join)
                     .map_err(|why| ConfigError(format!("--join {join:?} {why}")))?;
-                Membership::Join(join.clone())
+                Membership::Join(vec![join.clone()])
+            }
+            // A StatefulSet pod beyond the members the cluster was formed with (scaled up
+            // later) shares their pod template: it joins through them as a learner.
+            (None, false) if !members.contains_key(&node_id) && self.advertise_addr.is_some() => {
+                Membership::Join(members.values().cloned().collect())
             }
             (None, false) => Membership::Initial(members),
             (None, true) => {
@@ -540,12 +571,11 @@ impl ServeArgs {
                 addr.clone()
             }
             (Membership::Initial(members), None) => members
-                .get(&self.node_id)
+                .get(&node_id)
                 .cloned()
                 .ok_or_else(|| {
                     ConfigError(format!(
-                        "--initial-members has no entry for this node (--node-id {}); add it or set --advertise-addr",
-                        self.node_id
+                        "--initial-members has no entry for this node (--node-id {node_id}); add it, or set --advertise-addr to join through them"
                     ))
                 })?,
             (Membership::Join(_), None) => {
@@ -555,11 +585,10 @@ impl ServeArgs {
             }
         };
         if let Membership::Initial(members) = &membership {
-            match members.get(&self.node_id) {
+            match members.get(&node_id) {
                 None => {
                     return Err(ConfigError(format!(
-                        "--initial-members must include this node (--node-id {})",
-                        self.node_id
+                        "--initial-members must include this node (--node-id {node_id})"
                     )));
                 }
                 Some(addr) if *addr != advertise_addr => {
@@ -592,6 +621,19 @@ impl ServeArgs {
             Some(advertise_addr),
         ))
     }
+}
+
+/// The node id of a StatefulSet pod: its ordinal (after the hostname's last `-`) + 1.
+fn node_id_from_hostname(hostname: &str) -> Result<u64, ConfigError> {
+    hostname
+        .rsplit_once('-')
+        .and_then(|(_, ordinal)| ordinal.parse::<u64>().ok())
+        .and_then(|ordinal| ordinal.checked_add(1))
+        .ok_or_else(|| {
+            ConfigError(format!(
+                "--node-id-from-hostname: hostname {hostname:?} does not end in -<ordinal> like a StatefulSet pod's"
+            ))
+        })
 }
 
 impl ServeConfig {
@@ -721,6 +763,22 @@ mod tests {
         ])
         .expect_err("not a member");
         assert!(err.contains("no entry for this node"), "{err}");
+        // ... unless it says where peers reach it: then it joins through the members.
+        let c = parse(&[
+            "--node-id",
+            "4",
+            "--initial-members",
+            members,
+            "--cluster-secret",
+            SECRET,
+            "--advertise-addr",
+            "d:5006",
+        ])
+        .expect("a later member");
+        assert_eq!(
+            c.cluster.expect("clustered").membership,
+            Membership::Join(vec!["a:5006".into(), "b:5006".into(), "c:5006".into()])
+        );
         let err = parse(&[
             "--node-id",
             "1",
@@ -737,6 +795,21 @@ mod tests {
         let err = parse(&["--initial-members", members]).expect_err("no secret");
         assert!(err.contains("--cluster-secret"), "{err}");
         assert!(parse(&["--initial-members", members, "--cluster-secret", "short"]).is_err());
+    }
+
+    #[test]
+    fn a_stateful_set_pod_takes_its_node_id_from_its_ordinal() {
+        assert_eq!(node_id_from_hostname("orders-0").ok(), Some(1));
+        assert_eq!(node_id_from_hostname("orders-eu-4").ok(), Some(5));
+        for bad in [
+            "orders",
+            "orders-",
+            "orders-x",
+            "orders-18446744073709551615",
+        ] {
+            let err = node_id_from_hostname(bad).expect_err(bad).0;
+            assert!(err.contains("-<ordinal>"), "{bad}: {err}");
+        }
     }
 
     #[test]
@@ -781,7 +854,7 @@ mod tests {
         .expect("valid");
         assert_eq!(
             c.cluster.expect("clustered").membership,
-            Membership::Join("a:5006".to_string())
+            Membership::Join(vec!["a:5006".to_string()])
         );
         assert!(parse(&["--initial-members", "1=a:5006", "--join", "a:5006"]).is_err());
     }

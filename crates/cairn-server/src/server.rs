@@ -257,18 +257,19 @@ fn spawn_peer_server(listener: TcpListener, secret: &str, ready: PeerReady) -> P
 
 /// A node started with `--join` and no Raft state asks the member at `target` (which hands
 /// the request to the leader) to add it as a learner, until that succeeds.
-fn spawn_join(node: Arc<NodeState>, target: String) -> JoinHandle<()> {
+fn spawn_join(node: Arc<NodeState>, targets: Vec<String>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let address = node.config.advertise_addr.clone();
         let node_id = node.raft.node_id();
-        loop {
+        // Any member forwards the request to the leader; when one is down, try the next.
+        for target in targets.iter().cycle() {
             let request = node
                 .peers
                 .cluster_request(cairn_proto::cairn_v1::AddLearnerRequest {
                     node_id,
                     address: address.clone(),
                 });
-            let result = match node.peers.cluster(&target) {
+            let result = match node.peers.cluster(target) {
                 Ok(mut client) => client.add_learner(request).await.map(|_| ()),
                 Err(status) => Err(status),
             };
@@ -456,8 +457,8 @@ async fn serve_on(
         let _ = peer_ready.set(node.clone());
         let join_task = match &config.cluster {
             Some(cluster) => match &cluster.membership {
-                Membership::Join(target) if !node.raft.is_member() => {
-                    Some(spawn_join(node.clone(), target.clone()))
+                Membership::Join(targets) if !node.raft.is_member() => {
+                    Some(spawn_join(node.clone(), targets.clone()))
                 }
                 _ => None,
             },

@@ -462,10 +462,11 @@ async fn membership_grows_from_three_to_five_voters_and_shrinks_back() {
         .await
         .expect("write");
     }
-    // Two new nodes join through different members; they arrive as learners and serve
-    // linearizable reads of everything written before they came.
+    // Two new nodes join, one with --join to a member, one as a StatefulSet pod beyond the
+    // formation members would (their --initial-members, its own address); both arrive as
+    // learners and serve linearizable reads of everything written before they came.
     cluster.join(4, 2, &[]).await;
-    cluster.join(5, 3, &[]).await;
+    cluster.join_as_later_member(5, &[]).await;
     agreed_membership(&cluster, leader, &[1, 2, 3], &[4, 5]).await;
     let on_learner = all_events(&mut client(&cluster, 4).await)
         .await

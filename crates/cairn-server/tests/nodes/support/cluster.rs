@@ -166,6 +166,8 @@ impl Drop for Member {
 pub struct Cluster {
     /// Members by id.
     pub members: BTreeMap<u64, Member>,
+    /// The `--initial-members` the cluster was formed with.
+    initial: String,
     links: Arc<Links>,
     dir: tempfile::TempDir,
 }
@@ -175,6 +177,7 @@ impl Cluster {
     pub async fn start(n: u64, extra: &[&str]) -> Cluster {
         let mut cluster = Cluster {
             members: BTreeMap::new(),
+            initial: String::new(),
             links: Arc::default(),
             dir: tempfile::tempdir().expect("temp dir"),
         };
@@ -187,6 +190,7 @@ impl Cluster {
             .map(|m| format!("{}={}", m.id, m.advertise))
             .collect();
         let initial = initial.join(",");
+        cluster.initial = initial.clone();
         for member in cluster.members.values_mut() {
             member.args = member_args(member.id, &member.advertise);
             member
@@ -232,6 +236,22 @@ impl Cluster {
     pub async fn join(&mut self, id: u64, via: u64, extra: &[&str]) {
         self.add_member(id).await;
         self.start_joining(id, via, extra).await;
+    }
+
+    /// Adds node `id` the way a StatefulSet grows: started with the formation's
+    /// `--initial-members` (which do not list it) and its own advertised address, so it
+    /// joins through them; returns once it serves.
+    pub async fn join_as_later_member(&mut self, id: u64, extra: &[&str]) {
+        self.add_member(id).await;
+        let initial = self.initial.clone();
+        let member = self.member_mut(id);
+        member.args = member_args(id, &member.advertise);
+        member
+            .args
+            .extend(["--initial-members".to_string(), initial]);
+        member.args.extend(extra.iter().map(|s| s.to_string()));
+        let node = self.launch(id).serving_async().await;
+        self.member_mut(id).node = Some(node);
     }
 
     /// Deletes the data of node `id`, which must be down, as a replaced disk would, and

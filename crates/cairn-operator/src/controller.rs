@@ -1,0 +1,634 @@
+//! The reconcile loop: dereference → validate → build → apply → status, for every Boundary
+//! the operator can see. Only this module talks to the API server; the steps between are the
+//! pure functions of [`crate::validate`], [`crate::build`] and [`crate::status`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
+};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizing, finalizer};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use rand::Rng;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::build::{self, Capabilities, FIELD_MANAGER, Generated, Objects};
+use crate::crd::{Boundary, BoundaryStatus, VolumeReclaimPolicy};
+use crate::status::{self, Observation};
+use crate::validate::{self, Deployed, Invalid, Observed, OperatorDefaults, SecretState};
+
+/// Removes what owner references do not: the volumes, when the policy says so.
+pub const FINALIZER: &str = "cairn.dev/cleanup";
+/// How often a settled Boundary is looked at again without a watch event (status follows
+/// pod readiness, which the StatefulSet's status reports).
+pub const RESYNC: Duration = Duration::from_secs(30);
+/// How soon a failed reconcile is retried.
+pub const RETRY: Duration = Duration::from_secs(5);
+/// Length of generated passwords and cluster secrets (alphanumeric).
+pub const GENERATED_SECRET_LEN: usize = 32;
+
+/// Why a reconcile failed (it is retried after [`RETRY`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A read from the API server failed.
+    #[error("failed to read {what}: {source}")]
+    Read {
+        /// What was being read.
+        what: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Applying an object failed.
+    #[error("failed to apply {what}: {source}")]
+    Apply {
+        /// The object.
+        what: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Writing the status failed.
+    #[error("failed to write the status of {name}: {source}")]
+    Status {
+        /// The Boundary.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Deleting the volumes of a deleted Boundary failed.
+    #[error("failed to delete the volumes of {name}: {source}")]
+    Cleanup {
+        /// The Boundary.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// An object could not be turned into JSON.
+    #[error("failed to serialise {what}: {source}")]
+    Serialise {
+        /// The object.
+        what: String,
+        /// The error.
+        source: serde_json::Error,
+    },
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// A short label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Read { .. } => "read",
+            Error::Apply { .. } => "apply",
+            Error::Status { .. } => "status",
+            Error::Cleanup { .. } => "cleanup",
+            Error::Serialise { .. } => "serialise",
+            Error::Finalizer(_) => "finalizer",
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Operator-wide defaults.
+    pub defaults: OperatorDefaults,
+    /// What the API server offers.
+    pub capabilities: Capabilities,
+    /// True when the server serves `policy/v1` (Kubernetes ≥ 1.21); else `policy/v1beta1`.
+    pub pdb_v1: bool,
+    /// Publishes Events on Boundaries.
+    pub recorder: Recorder,
+}
+
+impl Context {
+    /// Learns what the API server offers.
+    pub async fn discover(client: Client, defaults: OperatorDefaults) -> Result<Context, Error> {
+        let version = client
+            .apiserver_version()
+            .await
+            .map_err(|source| Error::Read {
+                what: "the API server version".into(),
+                source,
+            })?;
+        let minor: u32 = version
+            .minor
+            .trim_end_matches(|c: char| !c.is_ascii_digit())
+            .parse()
+            .unwrap_or(0);
+        let served = |api_version: &'static str| {
+            let client = client.clone();
+            async move { client.list_api_group_resources(api_version).await.is_ok() }
+        };
+        let capabilities = Capabilities {
+            grpc_probes: version.major == "1" && minor >= 24,
+            service_monitors: served("monitoring.coreos.com/v1").await,
+        };
+        let pdb_v1 = served("policy/v1").await;
+        tracing::info!(
+            version = %version.git_version,
+            grpc_probes = capabilities.grpc_probes,
+            service_monitors = capabilities.service_monitors,
+            pdb_v1,
+            "connected to the API server"
+        );
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        Ok(Context {
+            client,
+            defaults,
+            capabilities,
+            pdb_v1,
+            recorder,
+        })
+    }
+}
+
+/// Runs the controller until the process is stopped: every Boundary in `namespace` (all
+/// namespaces when `None`) and every StatefulSet it owns trigger reconciles.
+pub async fn run(context: Arc<Context>, namespace: Option<String>) {
+    let client = context.client.clone();
+    let (boundaries, sets): (Api<Boundary>, Api<StatefulSet>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    Controller::new(boundaries, watcher::Config::default())
+        .owns(sets, watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(boundary = %object, "reconciled"),
+                Err(e) => tracing::warn!("reconcile failed: {e}"),
+            }
+        })
+        .await;
+}
+
+fn error_policy(boundary: Arc<Boundary>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(
+        boundary = %boundary.name_any(),
+        namespace = boundary.namespace().unwrap_or_default(),
+        reason = error.reason(),
+        "failed to reconcile, retrying in {}s: {error}",
+        RETRY.as_secs()
+    );
+    Action::requeue(RETRY)
+}
+
+/// One reconcile of one Boundary.
+pub async fn reconcile(boundary: Arc<Boundary>, context: Arc<Context>) -> Result<Action, Error> {
+    let namespace = boundary.namespace().unwrap_or_default();
+    let api: Api<Boundary> = Api::namespaced(context.client.clone(), &namespace);
+    finalizer(&api, FINALIZER, boundary, |event| async {
+        match event {
+            Finalizing::Apply(boundary) => apply(&boundary, &context).await,
+            Finalizing::Cleanup(boundary) => cleanup(&boundary, &context).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> {
+    let name = boundary.name_any();
+    let namespace = boundary.namespace().unwrap_or_default();
+    let client = &context.client;
+
+    // 1. Dereference.
+    let observed = dereference(boundary, client, &namespace).await?;
+
+    // 2. Validate.
+    let valid = match validate::validate(boundary, &observed, &context.defaults) {
+        Ok(valid) => valid,
+        Err(invalid) => {
+            refuse(boundary, context, &invalid, observed.deployed.is_some()).await?;
+            return Ok(Action::await_change());
+        }
+    };
+
+    // 3. Build.
+    let generated = Generated {
+        admin_password: random_secret(),
+        cluster_secret: random_secret(),
+    };
+    let objects = build::build(&valid, context.capabilities, &generated);
+
+    // 4. Apply.
+    apply_objects(&objects, client, &namespace, context.pdb_v1).await?;
+
+    // 5. Status.
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
+    let set = get(&sets, &name, "the StatefulSet").await?;
+    let observation = observe(set.as_ref(), valid.replicas);
+    let status = status::compute(
+        &name,
+        &namespace,
+        boundary.meta().generation,
+        Ok(&observation),
+        boundary.status.as_ref(),
+        Timestamp::now(),
+    );
+    write_status(boundary, client, &status).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+async fn dereference(
+    boundary: &Boundary,
+    client: &Client,
+    namespace: &str,
+) -> Result<Observed, Error> {
+    let name = boundary.name_any();
+    let admin_secret = match &boundary.spec.admin_secret_ref {
+        None => None,
+        Some(reference) => {
+            let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+            Some(
+                match get(&secrets, &reference.name, "the admin Secret").await? {
+                    None => SecretState::Missing,
+                    Some(secret) => SecretState::Present(
+                        secret
+                            .data
+                            .iter()
+                            .flatten()
+                            .map(|(k, _)| k.clone())
+                            .chain(secret.string_data.iter().flatten().map(|(k, _)| k.clone()))
+                            .collect(),
+                    ),
+                },
+            )
+        }
+    };
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
+    let config = get(
+        &config_maps,
+        &build::config_map_name(&name),
+        "the ConfigMap",
+    )
+    .await?;
+    let set = get(&sets, &name, "the StatefulSet").await?;
+    Ok(Observed {
+        admin_secret,
+        deployed: deployed(config.as_ref(), set.as_ref()),
+    })
+}
+
+/// What runs, read back from the objects a previous reconcile applied.
+fn deployed(config: Option<&ConfigMap>, set: Option<&StatefulSet>) -> Option<Deployed> {
+    let data = config?.data.as_ref()?;
+    let claim = set?
+        .spec
+        .as_ref()?
+        .volume_claim_templates
+        .as_ref()?
+        .first()?
+        .spec
+        .as_ref()?;
+    Some(Deployed {
+        initial_replicas: data.get("CAIRN_INITIAL_MEMBERS")?.split(',').count() as i32,
+        boundary_name: data.get("CAIRN_BOUNDARIES")?.clone(),
+        storage_size: claim
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("storage")?
+            .0
+            .clone(),
+        storage_class_name: claim.storage_class_name.clone(),
+    })
+}
+
+fn observe(set: Option<&StatefulSet>, replicas: i32) -> Observation {
+    let status = set.and_then(|s| s.status.as_ref());
+    let generation = set.and_then(|s| s.metadata.generation);
+    Observation {
+        replicas,
+        ready_replicas: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        rolled_out: status.is_some_and(|s| {
+            s.observed_generation == generation
+                && s.current_revision == s.update_revision
+                && s.updated_replicas.unwrap_or(0) >= replicas
+        }),
+    }
+}
+
+/// An invalid spec: a Warning Event and the status say why; nothing is applied.
+async fn refuse(
+    boundary: &Boundary,
+    context: &Context,
+    invalid: &Invalid,
+    deployed: bool,
+) -> Result<(), Error> {
+    let name = boundary.name_any();
+    let namespace = boundary.namespace().unwrap_or_default();
+    tracing::warn!(boundary = %name, %namespace, "refusing the spec: {invalid}");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: invalid.reason.to_string(),
+        note: Some(invalid.message.clone()),
+        action: "Validate".into(),
+        secondary: None,
+    };
+    if let Err(e) = context
+        .recorder
+        .publish(&event, &boundary.object_ref(&()))
+        .await
+    {
+        // The status carries the same message; an Event is a courtesy.
+        tracing::warn!(boundary = %name, "failed to publish an Event: {e}");
+    }
+    let observation = if deployed {
+        let sets: Api<StatefulSet> = Api::namespaced(context.client.clone(), &namespace);
+        get(&sets, &name, "the StatefulSet").await?.map(|set| {
+            observe(
+                Some(&set),
+                set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0),
+            )
+        })
+    } else {
+        None
+    };
+    let status = status::compute(
+        &name,
+        &namespace,
+        boundary.meta().generation,
+        Err((invalid, observation.as_ref())),
+        boundary.status.as_ref(),
+        Timestamp::now(),
+    );
+    write_status(boundary, &context.client, &status).await
+}
+
+async fn apply_objects(
+    objects: &Objects,
+    client: &Client,
+    namespace: &str,
+    pdb_v1: bool,
+) -> Result<(), Error> {
+    // Generated secrets first, and only once: a new password on every reconcile would lock
+    // the nodes out of their own admin user.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    for secret in objects.admin_secret.iter().chain([&objects.cluster_secret]) {
+        create_if_absent(&secrets, secret).await?;
+    }
+    server_side_apply(
+        &Api::<ConfigMap>::namespaced(client.clone(), namespace),
+        &objects.config_map,
+    )
+    .await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    server_side_apply(&services, &objects.peer_service).await?;
+    server_side_apply(&services, &objects.client_service).await?;
+    server_side_apply(
+        &Api::<StatefulSet>::namespaced(client.clone(), namespace),
+        &objects.stateful_set,
+    )
+    .await?;
+    if pdb_v1 {
+        server_side_apply(
+            &Api::<PodDisruptionBudget>::namespaced(client.clone(), namespace),
+            &objects.pod_disruption_budget,
+        )
+        .await?;
+    } else {
+        // Kubernetes 1.20 serves PodDisruptionBudgets only as policy/v1beta1, whose fields
+        // used here are the same.
+        let mut pdb = to_json(&objects.pod_disruption_budget, "the PodDisruptionBudget")?;
+        pdb["apiVersion"] = "policy/v1beta1".into();
+        let gvk = GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget");
+        apply_dynamic(client, namespace, &gvk, "poddisruptionbudgets", pdb).await?;
+    }
+    if let Some(monitor) = &objects.service_monitor {
+        let gvk = GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
+        apply_dynamic(client, namespace, &gvk, "servicemonitors", monitor.clone()).await?;
+    }
+    Ok(())
+}
+
+fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!(
+        "{} {}",
+        K::kind(&()),
+        object.meta().name.as_deref().unwrap_or("?")
+    )
+}
+
+fn to_json<T: Serialize>(object: &T, what: &str) -> Result<serde_json::Value, Error> {
+    serde_json::to_value(object).map_err(|source| Error::Serialise {
+        what: what.into(),
+        source,
+    })
+}
+
+async fn server_side_apply<K>(api: &Api<K>, object: &K) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| Error::Apply {
+        what: describe(object),
+        source,
+    })
+}
+
+async fn apply_dynamic(
+    client: &Client,
+    namespace: &str,
+    gvk: &GroupVersionKind,
+    plural: &str,
+    object: serde_json::Value,
+) -> Result<(), Error> {
+    let resource = ApiResource::from_gvk_with_plural(gvk, plural);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&object),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| Error::Apply {
+        what: format!("{} {name}", gvk.kind),
+        source,
+    })
+}
+
+async fn create_if_absent(api: &Api<Secret>, secret: &Secret) -> Result<(), Error> {
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    if get(api, &name, "a Secret").await?.is_some() {
+        return Ok(());
+    }
+    match api.create(&PostParams::default(), secret).await {
+        Ok(_) => Ok(()),
+        // Another reconcile created it in between: theirs stands.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(source) => Err(Error::Apply {
+            what: describe(secret),
+            source,
+        }),
+    }
+}
+
+async fn get<K>(api: &Api<K>, name: &str, what: &str) -> Result<Option<K>, Error>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.map_err(|source| Error::Read {
+        what: format!("{what} {name}"),
+        source,
+    })
+}
+
+async fn write_status(
+    boundary: &Boundary,
+    client: &Client,
+    status: &BoundaryStatus,
+) -> Result<(), Error> {
+    if boundary.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let name = boundary.name_any();
+    let api: Api<Boundary> =
+        Api::namespaced(client.clone(), &boundary.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": "cairn.dev/v1alpha1",
+        "kind": "Boundary",
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| Error::Status { name, source })
+}
+
+/// A deleted Boundary: owner references let the garbage collector remove every object; the
+/// volumes (which the StatefulSet's claims created, not the operator) go only on request.
+async fn cleanup(boundary: &Boundary, context: &Context) -> Result<Action, Error> {
+    let name = boundary.name_any();
+    if boundary.spec.volume_reclaim_policy == VolumeReclaimPolicy::Delete {
+        let namespace = boundary.namespace().unwrap_or_default();
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(context.client.clone(), &namespace);
+        let selector = build::selector_labels(&name)
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        claims
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&selector),
+            )
+            .await
+            .map_err(|source| Error::Cleanup {
+                name: name.clone(),
+                source,
+            })?;
+        tracing::info!(boundary = %name, %namespace, "deleted the volumes (volumeReclaimPolicy: Delete)");
+    }
+    Ok(Action::await_change())
+}
+
+fn random_secret() -> String {
+    rand::thread_rng()
+        .sample_iter(rand::distributions::Alphanumeric)
+        .take(GENERATED_SECRET_LEN)
+        .map(char::from)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::ValidBoundary;
+
+    fn valid() -> ValidBoundary {
+        ValidBoundary {
+            name: "orders".into(),
+            namespace: "shop".into(),
+            uid: "uid-1".into(),
+            boundary_name: "orders".into(),
+            replicas: 5,
+            initial_replicas: 3,
+            image: "cairn:test".into(),
+            storage_size: "20Gi".into(),
+            storage_class_name: Some("fast".into()),
+            resources: None,
+            admin_secret: "orders-admin".into(),
+            generate_admin_secret: true,
+            placement: Default::default(),
+            service_monitor: false,
+            volume_reclaim_policy: VolumeReclaimPolicy::Retain,
+        }
+    }
+
+    #[test]
+    fn what_runs_is_read_back_from_the_objects_the_build_made() {
+        let objects = build::build(
+            &valid(),
+            Capabilities::default(),
+            &Generated {
+                admin_password: "pw".into(),
+                cluster_secret: "s".repeat(20),
+            },
+        );
+        let read =
+            deployed(Some(&objects.config_map), Some(&objects.stateful_set)).expect("deployed");
+        assert_eq!(
+            read,
+            Deployed {
+                initial_replicas: 3,
+                boundary_name: "orders".into(),
+                storage_size: "20Gi".into(),
+                storage_class_name: Some("fast".into()),
+            }
+        );
+        assert_eq!(deployed(None, Some(&objects.stateful_set)), None);
+    }
+
+    #[test]
+    fn generated_secrets_are_long_and_differ() {
+        let (a, b) = (random_secret(), random_secret());
+        assert_eq!(a.len(), GENERATED_SECRET_LEN);
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, b);
+    }
+}

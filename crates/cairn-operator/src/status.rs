@@ -1,0 +1,247 @@
+//! The last step of a reconcile: what the resource's status says. Pure: it is computed from
+//! what the reconcile observed and the time it is given, so every phase is testable.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::build::{CLIENT_PORT, quorum};
+use crate::crd::{BoundaryStatus, Phase};
+use crate::validate::Invalid;
+
+/// What the reconcile saw of the running cluster.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observation {
+    /// Pods the StatefulSet wants.
+    pub replicas: i32,
+    /// Pods passing their readiness probe.
+    pub ready_replicas: i32,
+    /// True when the StatefulSet controller has seen the latest pod template.
+    pub rolled_out: bool,
+}
+
+/// The status of a Boundary named `name` in `namespace` whose spec is `generation`: either
+/// applied (`Ok`, with what runs) or refused (`Err`, with what ran before, if anything).
+pub fn compute(
+    name: &str,
+    namespace: &str,
+    generation: Option<i64>,
+    outcome: Result<&Observation, (&Invalid, Option<&Observation>)>,
+    previous: Option<&BoundaryStatus>,
+    now: Timestamp,
+) -> BoundaryStatus {
+    let (observation, invalid) = match outcome {
+        Ok(observation) => (Some(observation), None),
+        Err((invalid, observation)) => (observation, Some(invalid)),
+    };
+    let phase = match observation {
+        None => Phase::Pending,
+        Some(o) if o.ready_replicas >= o.replicas && o.rolled_out && o.replicas > 0 => {
+            Phase::Active
+        }
+        Some(o) if o.ready_replicas >= quorum(o.replicas) => Phase::Degraded,
+        // Below quorum: failed if it has served before, else still coming up.
+        Some(_) => match previous.and_then(|p| p.phase) {
+            Some(Phase::Active | Phase::Degraded | Phase::Failed) => Phase::Failed,
+            _ => Phase::Provisioning,
+        },
+    };
+    let ready = observation.map_or(0, |o| o.ready_replicas);
+    let wanted = observation.map_or(0, |o| o.replicas);
+
+    let available = match phase {
+        Phase::Active | Phase::Degraded => (
+            "True",
+            "Quorum",
+            format!("{ready} of {wanted} nodes ready, a quorum serves"),
+        ),
+        Phase::Failed => (
+            "False",
+            "NoQuorum",
+            format!(
+                "{ready} of {wanted} nodes ready, fewer than the {} a quorum needs",
+                quorum(wanted)
+            ),
+        ),
+        Phase::Provisioning => (
+            "False",
+            "Starting",
+            format!("{ready} of {wanted} nodes ready"),
+        ),
+        Phase::Pending => ("False", "NotApplied", "nothing runs yet".to_string()),
+    };
+    let progressing = match (invalid, phase) {
+        (Some(_), _) => (
+            "False",
+            "SpecInvalid",
+            "the spec was refused; fix it to continue".to_string(),
+        ),
+        (None, Phase::Active) => ("False", "Stable", "every node runs the spec".to_string()),
+        (None, _) => (
+            "True",
+            "Reconciling",
+            format!("{ready} of {wanted} nodes ready"),
+        ),
+    };
+    let degraded = match (invalid, phase) {
+        (Some(invalid), _) => ("True", invalid.reason.to_string(), invalid.message.clone()),
+        (None, Phase::Degraded | Phase::Failed) => (
+            "True",
+            "NodesNotReady".to_string(),
+            format!("{} of {wanted} nodes are not ready", wanted - ready),
+        ),
+        (None, _) => ("False", "AsExpected".to_string(), String::new()),
+    };
+
+    let previous_conditions = previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]);
+    let condition = |type_: &str, (status, reason, message): (&str, String, String)| {
+        // The transition time moves only when the status does, as Kubernetes expects.
+        let last_transition_time = previous_conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
+        Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message,
+            observed_generation: generation,
+            last_transition_time,
+        }
+    };
+    BoundaryStatus {
+        phase: Some(phase),
+        ready_replicas: ready,
+        leader: previous.and_then(|p| p.leader.clone()),
+        members: previous.map(|p| p.members.clone()).unwrap_or_default(),
+        endpoint: observation.map(|_| format!("{name}.{namespace}.svc:{CLIENT_PORT}")),
+        observed_generation: generation,
+        conditions: vec![
+            condition("Available", owned(available)),
+            condition("Progressing", owned(progressing)),
+            condition("Degraded", degraded),
+        ],
+    }
+}
+
+fn owned<'a>((status, reason, message): (&'a str, &str, String)) -> (&'a str, String, String) {
+    (status, reason.to_string(), message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::InvalidReason;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).expect("timestamp")
+    }
+
+    fn running(replicas: i32, ready: i32) -> Observation {
+        Observation {
+            replicas,
+            ready_replicas: ready,
+            rolled_out: true,
+        }
+    }
+
+    fn status(
+        outcome: Result<&Observation, (&Invalid, Option<&Observation>)>,
+        previous: Option<&BoundaryStatus>,
+    ) -> BoundaryStatus {
+        compute("orders", "shop", Some(2), outcome, previous, at(1000))
+    }
+
+    fn condition<'a>(status: &'a BoundaryStatus, type_: &str) -> &'a Condition {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .expect("condition")
+    }
+
+    #[test]
+    fn phases_follow_readiness_and_quorum() {
+        assert_eq!(
+            status(Ok(&running(3, 0)), None).phase,
+            Some(Phase::Provisioning)
+        );
+        assert_eq!(
+            status(Ok(&running(3, 1)), None).phase,
+            Some(Phase::Provisioning)
+        );
+        let active = status(Ok(&running(3, 3)), None);
+        assert_eq!(active.phase, Some(Phase::Active));
+        assert_eq!(active.endpoint.as_deref(), Some("orders.shop.svc:5005"));
+        assert_eq!(active.observed_generation, Some(2));
+        assert_eq!(condition(&active, "Available").status, "True");
+        assert_eq!(condition(&active, "Progressing").reason, "Stable");
+        assert_eq!(condition(&active, "Degraded").status, "False");
+
+        let degraded = status(Ok(&running(3, 2)), Some(&active));
+        assert_eq!(degraded.phase, Some(Phase::Degraded));
+        assert_eq!(condition(&degraded, "Available").status, "True");
+        assert_eq!(condition(&degraded, "Degraded").reason, "NodesNotReady");
+
+        let failed = status(Ok(&running(3, 1)), Some(&degraded));
+        assert_eq!(failed.phase, Some(Phase::Failed));
+        assert_eq!(condition(&failed, "Available").reason, "NoQuorum");
+
+        let rolling = Observation {
+            rolled_out: false,
+            ..running(3, 3)
+        };
+        assert_eq!(status(Ok(&rolling), None).phase, Some(Phase::Degraded));
+    }
+
+    #[test]
+    fn a_refused_spec_is_reported_and_keeps_what_runs() {
+        let invalid = Invalid {
+            reason: InvalidReason::UnsupportedReplicas,
+            message: "replicas must be 1, 3 or 5, not 4".into(),
+        };
+        let never_ran = status(Err((&invalid, None)), None);
+        assert_eq!(never_ran.phase, Some(Phase::Pending));
+        assert_eq!(never_ran.endpoint, None);
+        let degraded = condition(&never_ran, "Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "UnsupportedReplicas")
+        );
+        assert!(degraded.message.contains("not 4"));
+        assert_eq!(condition(&never_ran, "Progressing").reason, "SpecInvalid");
+
+        let running_before = status(Err((&invalid, Some(&running(3, 3)))), None);
+        assert_eq!(running_before.phase, Some(Phase::Active));
+        assert_eq!(condition(&running_before, "Degraded").status, "True");
+    }
+
+    #[test]
+    fn transition_times_move_only_with_the_status() {
+        let first = compute("orders", "shop", Some(1), Ok(&running(3, 3)), None, at(10));
+        let again = compute(
+            "orders",
+            "shop",
+            Some(1),
+            Ok(&running(3, 3)),
+            Some(&first),
+            at(20),
+        );
+        assert_eq!(
+            condition(&again, "Available").last_transition_time,
+            Time(at(10))
+        );
+        let lost = compute(
+            "orders",
+            "shop",
+            Some(1),
+            Ok(&running(3, 1)),
+            Some(&again),
+            at(30),
+        );
+        assert_eq!(
+            condition(&lost, "Available").last_transition_time,
+            Time(at(30))
+        );
+    }
+}

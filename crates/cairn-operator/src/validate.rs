@@ -1,0 +1,537 @@
+//! Step two of a reconcile: is the declared spec one the operator can apply, given what the
+//! cluster already runs? Pure: everything it needs was read in the dereference step. An
+//! invalid spec is reported (condition and Event) and nothing is applied.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+
+use crate::crd::{Boundary, PlacementSpec, VolumeReclaimPolicy};
+
+/// Voter counts a Boundary may have. Even counts are refused: four voters need three for a
+/// quorum and so survive one failure, like three.
+pub const ALLOWED_REPLICAS: [i32; 3] = [1, 3, 5];
+/// Keys the admin Secret must hold.
+pub const ADMIN_SECRET_KEYS: [&str; 2] = ["username", "password"];
+
+/// What the dereference step found for one Boundary.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observed {
+    /// The Secret `adminSecretRef` names: `None` when no reference is given.
+    pub admin_secret: Option<SecretState>,
+    /// What the operator applied before (read back from the StatefulSet), if anything.
+    pub deployed: Option<Deployed>,
+}
+
+/// A referenced Secret, as found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SecretState {
+    /// No such Secret in the namespace.
+    Missing,
+    /// The Secret exists; these are its data keys.
+    Present(Vec<String>),
+}
+
+/// The settings of a running cluster that a spec change must respect.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Deployed {
+    /// The voters the cluster was formed with (`--initial-members`); fixed for its life, so
+    /// that scaling never rewrites the pod template.
+    pub initial_replicas: i32,
+    /// The boundary the cluster serves.
+    pub boundary_name: String,
+    /// The volume size in the StatefulSet's claim template.
+    pub storage_size: String,
+    /// The storage class in the claim template.
+    pub storage_class_name: Option<String>,
+}
+
+/// Settings that come from the operator rather than the resource.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperatorDefaults {
+    /// Image for Boundaries that do not name one.
+    pub image: String,
+}
+
+/// A spec the operator can apply, with every default filled in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidBoundary {
+    /// The resource's name (prefix of every object built for it).
+    pub name: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its uid (owner references).
+    pub uid: String,
+    /// The boundary inside Cairn.
+    pub boundary_name: String,
+    /// Voters wanted now.
+    pub replicas: i32,
+    /// Voters the cluster was (or will be) formed with.
+    pub initial_replicas: i32,
+    /// Container image.
+    pub image: String,
+    /// Volume size (a Kubernetes quantity).
+    pub storage_size: String,
+    /// Storage class.
+    pub storage_class_name: Option<String>,
+    /// Container resources.
+    pub resources: Option<ResourceRequirements>,
+    /// The admin Secret's name, and whether the operator generates it.
+    pub admin_secret: String,
+    /// True when the operator creates the admin Secret (no `adminSecretRef`).
+    pub generate_admin_secret: bool,
+    /// Pod placement.
+    pub placement: PlacementSpec,
+    /// Create a ServiceMonitor.
+    pub service_monitor: bool,
+    /// What deletion does to the volumes.
+    pub volume_reclaim_policy: VolumeReclaimPolicy,
+}
+
+/// Why a spec was refused: the condition's reason and a message for the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// Machine-readable reason (the condition's `reason`).
+    pub reason: InvalidReason,
+    /// What is wrong and what to do about it.
+    pub message: String,
+}
+
+/// The ways a spec can be refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvalidReason {
+    /// The resource lacks a name, namespace or uid (not yet stored by the API server).
+    IncompleteResource,
+    /// `replicas` is not 1, 3 or 5.
+    UnsupportedReplicas,
+    /// `boundaryName` (or the name derived from the resource) is not a Cairn boundary name.
+    InvalidBoundaryName,
+    /// `storage.size` is not a quantity.
+    InvalidStorageSize,
+    /// `storage.size` is smaller than the volumes already have.
+    StorageShrink,
+    /// A field that is fixed at creation was changed.
+    ImmutableField,
+    /// `adminSecretRef` names a Secret that does not exist.
+    AdminSecretMissing,
+    /// The admin Secret lacks `username` or `password`.
+    AdminSecretIncomplete,
+    /// A feature the Cairn release does not have yet.
+    Unsupported,
+}
+
+impl fmt::Display for InvalidReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InvalidReason::IncompleteResource => "IncompleteResource",
+            InvalidReason::UnsupportedReplicas => "UnsupportedReplicas",
+            InvalidReason::InvalidBoundaryName => "InvalidBoundaryName",
+            InvalidReason::InvalidStorageSize => "InvalidStorageSize",
+            InvalidReason::StorageShrink => "StorageShrink",
+            InvalidReason::ImmutableField => "ImmutableField",
+            InvalidReason::AdminSecretMissing => "AdminSecretMissing",
+            InvalidReason::AdminSecretIncomplete => "AdminSecretIncomplete",
+            InvalidReason::Unsupported => "Unsupported",
+        })
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
+    }
+}
+
+fn invalid(reason: InvalidReason, message: impl Into<String>) -> Invalid {
+    Invalid {
+        reason,
+        message: message.into(),
+    }
+}
+
+/// The boundary a resource serves when `boundaryName` is absent: Kubernetes names allow `-`,
+/// Cairn's boundary names do not.
+pub fn default_boundary_name(resource_name: &str) -> String {
+    resource_name.replace('-', "_")
+}
+
+/// Checks `boundary` against what runs, filling in defaults.
+pub fn validate(
+    boundary: &Boundary,
+    observed: &Observed,
+    defaults: &OperatorDefaults,
+) -> Result<ValidBoundary, Invalid> {
+    let meta = &boundary.metadata;
+    let (Some(name), Some(namespace), Some(uid)) = (&meta.name, &meta.namespace, &meta.uid) else {
+        return Err(invalid(
+            InvalidReason::IncompleteResource,
+            "the resource has no name, namespace or uid yet",
+        ));
+    };
+    let spec = &boundary.spec;
+
+    if !ALLOWED_REPLICAS.contains(&spec.replicas) {
+        return Err(invalid(
+            InvalidReason::UnsupportedReplicas,
+            format!(
+                "replicas must be 1, 3 or 5, not {}: a Raft group of {} voters survives no more failures than one of {}",
+                spec.replicas,
+                spec.replicas,
+                spec.replicas - 1
+            ),
+        ));
+    }
+
+    let boundary_name = spec
+        .boundary_name
+        .clone()
+        .unwrap_or_else(|| default_boundary_name(name));
+    if let Err(e) = cairn_core::boundary::validate_boundary_name(&boundary_name) {
+        let hint = if spec.boundary_name.is_none() {
+            " (derived from the resource's name; set spec.boundaryName)"
+        } else {
+            ""
+        };
+        return Err(invalid(
+            InvalidReason::InvalidBoundaryName,
+            format!("{e}{hint}"),
+        ));
+    }
+
+    let Some(size) = quantity_bytes(&spec.storage.size) else {
+        return Err(invalid(
+            InvalidReason::InvalidStorageSize,
+            format!(
+                "storage.size {:?} is not a Kubernetes quantity such as 10Gi",
+                spec.storage.size
+            ),
+        ));
+    };
+
+    if spec.idempotent_event_ids {
+        return Err(invalid(
+            InvalidReason::Unsupported,
+            "idempotentEventIds needs idempotent boundaries, which this Cairn release does not have yet",
+        ));
+    }
+    if spec.tls.is_some() {
+        return Err(invalid(
+            InvalidReason::Unsupported,
+            "tls needs a Cairn release that serves TLS, which this one does not yet",
+        ));
+    }
+
+    let mut initial_replicas = spec.replicas;
+    if let Some(deployed) = &observed.deployed {
+        initial_replicas = deployed.initial_replicas;
+        if deployed.boundary_name != boundary_name {
+            return Err(invalid(
+                InvalidReason::ImmutableField,
+                format!(
+                    "the cluster serves boundary {:?}; boundaryName cannot change to {:?}",
+                    deployed.boundary_name, boundary_name
+                ),
+            ));
+        }
+        if deployed.storage_class_name != spec.storage.storage_class_name {
+            return Err(invalid(
+                InvalidReason::ImmutableField,
+                format!(
+                    "the volumes use storage class {:?}; storage.storageClassName cannot change",
+                    deployed
+                        .storage_class_name
+                        .as_deref()
+                        .unwrap_or("(default)")
+                ),
+            ));
+        }
+        // A size the operator wrote itself always parses; compare only when it does.
+        if let Some(current) = quantity_bytes(&deployed.storage_size)
+            && size < current
+        {
+            return Err(invalid(
+                InvalidReason::StorageShrink,
+                format!(
+                    "storage.size {} is smaller than the volumes' {}: volumes cannot shrink",
+                    spec.storage.size, deployed.storage_size
+                ),
+            ));
+        }
+    }
+
+    let (admin_secret, generate_admin_secret) = match (
+        &spec.admin_secret_ref,
+        &observed.admin_secret,
+    ) {
+        (None, _) => (format!("{name}-admin"), true),
+        (Some(r), None | Some(SecretState::Missing)) => {
+            return Err(invalid(
+                InvalidReason::AdminSecretMissing,
+                format!(
+                    "adminSecretRef names Secret {:?}, which does not exist in namespace {namespace}",
+                    r.name
+                ),
+            ));
+        }
+        (Some(r), Some(SecretState::Present(keys))) => {
+            let missing: Vec<_> = ADMIN_SECRET_KEYS
+                .iter()
+                .filter(|k| !keys.iter().any(|have| have == *k))
+                .collect();
+            if !missing.is_empty() {
+                return Err(invalid(
+                    InvalidReason::AdminSecretIncomplete,
+                    format!(
+                        "Secret {:?} lacks the key(s) {missing:?}; it needs username and password",
+                        r.name
+                    ),
+                ));
+            }
+            (r.name.clone(), false)
+        }
+    };
+
+    Ok(ValidBoundary {
+        name: name.clone(),
+        namespace: namespace.clone(),
+        uid: uid.clone(),
+        boundary_name,
+        replicas: spec.replicas,
+        initial_replicas,
+        image: spec.image.clone().unwrap_or_else(|| defaults.image.clone()),
+        storage_size: spec.storage.size.clone(),
+        storage_class_name: spec.storage.storage_class_name.clone(),
+        resources: spec.resources.clone(),
+        admin_secret,
+        generate_admin_secret,
+        placement: spec.placement.clone(),
+        service_monitor: spec.monitoring.service_monitor,
+        volume_reclaim_policy: spec.volume_reclaim_policy,
+    })
+}
+
+/// Bytes in a Kubernetes quantity (`10Gi`, `500M`, `1.5Ti`, `1e9`), or `None` when it is not
+/// one. Fractions of a byte round up, as the API server does.
+pub fn quantity_bytes(quantity: &str) -> Option<u128> {
+    let split = quantity
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(quantity.len());
+    let (number, suffix) = quantity.split_at(split);
+    if number.is_empty() || number.starts_with('.') || number.ends_with('.') {
+        return None;
+    }
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let (multiplier, exponent): (u128, u32) = match suffix {
+        "" => (1, 0),
+        "Ki" => (1 << 10, 0),
+        "Mi" => (1 << 20, 0),
+        "Gi" => (1 << 30, 0),
+        "Ti" => (1 << 40, 0),
+        "Pi" => (1 << 50, 0),
+        "Ei" => (1 << 60, 0),
+        "k" => (1, 3),
+        "M" => (1, 6),
+        "G" => (1, 9),
+        "T" => (1, 12),
+        "P" => (1, 15),
+        "E" => (1, 18),
+        s if s.starts_with(['e', 'E']) => (1, s[1..].parse().ok().filter(|e| *e <= 30)?),
+        _ => return None,
+    };
+    let digits: u128 = format!("{whole}{fraction}").parse().ok()?;
+    let scale = 10u128.checked_pow(fraction.len() as u32)?;
+    let numerator = digits
+        .checked_mul(multiplier)?
+        .checked_mul(10u128.checked_pow(exponent)?)?;
+    Some(numerator.div_ceil(scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{BoundarySpec, TlsSpec};
+    use kube::api::ObjectMeta;
+
+    fn boundary(spec_yaml: &str) -> Boundary {
+        let spec: BoundarySpec = serde_yaml::from_str(spec_yaml).expect("spec");
+        Boundary {
+            metadata: ObjectMeta {
+                name: Some("orders-eu".into()),
+                namespace: Some("shop".into()),
+                uid: Some("uid-1".into()),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: None,
+        }
+    }
+
+    fn defaults() -> OperatorDefaults {
+        OperatorDefaults {
+            image: "cairn:test".into(),
+        }
+    }
+
+    fn reason(spec_yaml: &str, observed: &Observed) -> InvalidReason {
+        validate(&boundary(spec_yaml), observed, &defaults())
+            .expect_err("invalid")
+            .reason
+    }
+
+    fn deployed() -> Deployed {
+        Deployed {
+            initial_replicas: 3,
+            boundary_name: "orders_eu".into(),
+            storage_size: "10Gi".into(),
+            storage_class_name: None,
+        }
+    }
+
+    #[test]
+    fn a_minimal_spec_is_valid_with_every_default_filled_in() {
+        let valid = validate(&boundary("{}"), &Observed::default(), &defaults()).expect("valid");
+        assert_eq!(valid.boundary_name, "orders_eu");
+        assert_eq!(valid.replicas, 3);
+        assert_eq!(valid.initial_replicas, 3);
+        assert_eq!(valid.image, "cairn:test");
+        assert_eq!(valid.storage_size, "10Gi");
+        assert_eq!(valid.admin_secret, "orders-eu-admin");
+        assert!(valid.generate_admin_secret);
+    }
+
+    #[test]
+    fn replicas_other_than_one_three_or_five_are_refused() {
+        for replicas in [0, 2, 4, 6, -1] {
+            assert_eq!(
+                reason(&format!("replicas: {replicas}"), &Observed::default()),
+                InvalidReason::UnsupportedReplicas,
+                "replicas {replicas}"
+            );
+        }
+        for replicas in ALLOWED_REPLICAS {
+            validate(
+                &boundary(&format!("replicas: {replicas}")),
+                &Observed::default(),
+                &defaults(),
+            )
+            .expect("valid");
+        }
+    }
+
+    #[test]
+    fn the_boundary_name_must_be_a_cairn_name() {
+        assert_eq!(
+            reason("boundaryName: 9orders", &Observed::default()),
+            InvalidReason::InvalidBoundaryName
+        );
+        let mut b = boundary("{}");
+        b.metadata.name = Some("1st".into());
+        let err = validate(&b, &Observed::default(), &defaults()).expect_err("invalid");
+        assert_eq!(err.reason, InvalidReason::InvalidBoundaryName);
+        assert!(err.message.contains("set spec.boundaryName"), "{err}");
+    }
+
+    #[test]
+    fn storage_may_grow_but_never_shrink_or_change_class() {
+        let observed = Observed {
+            deployed: Some(deployed()),
+            ..Observed::default()
+        };
+        assert_eq!(
+            reason("storage: {size: 5Gi}", &observed),
+            InvalidReason::StorageShrink
+        );
+        assert_eq!(
+            reason("storage: {size: 10Gi, storageClassName: fast}", &observed),
+            InvalidReason::ImmutableField
+        );
+        assert_eq!(
+            reason("storage: {size: lots}", &observed),
+            InvalidReason::InvalidStorageSize
+        );
+        let grown = validate(&boundary("storage: {size: 20Gi}"), &observed, &defaults())
+            .expect("growing is fine");
+        assert_eq!(grown.storage_size, "20Gi");
+        // 10G (decimal) is less than 10Gi (binary).
+        assert_eq!(
+            reason("storage: {size: 10G}", &observed),
+            InvalidReason::StorageShrink
+        );
+    }
+
+    #[test]
+    fn a_running_cluster_keeps_its_boundary_and_initial_members() {
+        let observed = Observed {
+            deployed: Some(deployed()),
+            ..Observed::default()
+        };
+        assert_eq!(
+            reason("boundaryName: payments", &observed),
+            InvalidReason::ImmutableField
+        );
+        let scaled = validate(&boundary("replicas: 5"), &observed, &defaults()).expect("valid");
+        assert_eq!((scaled.replicas, scaled.initial_replicas), (5, 3));
+    }
+
+    #[test]
+    fn a_referenced_admin_secret_must_exist_with_both_keys() {
+        let spec = "adminSecretRef: {name: orders-creds}";
+        assert_eq!(
+            reason(spec, &Observed::default()),
+            InvalidReason::AdminSecretMissing
+        );
+        let missing = Observed {
+            admin_secret: Some(SecretState::Missing),
+            ..Observed::default()
+        };
+        assert_eq!(reason(spec, &missing), InvalidReason::AdminSecretMissing);
+        let partial = Observed {
+            admin_secret: Some(SecretState::Present(vec!["username".into()])),
+            ..Observed::default()
+        };
+        assert_eq!(reason(spec, &partial), InvalidReason::AdminSecretIncomplete);
+        let complete = Observed {
+            admin_secret: Some(SecretState::Present(vec![
+                "password".into(),
+                "username".into(),
+            ])),
+            ..Observed::default()
+        };
+        let valid = validate(&boundary(spec), &complete, &defaults()).expect("valid");
+        assert_eq!(valid.admin_secret, "orders-creds");
+        assert!(!valid.generate_admin_secret);
+    }
+
+    #[test]
+    fn features_cairn_lacks_are_refused_not_ignored() {
+        assert_eq!(
+            reason("idempotentEventIds: true", &Observed::default()),
+            InvalidReason::Unsupported
+        );
+        let mut b = boundary("{}");
+        b.spec.tls = Some(TlsSpec {
+            secret_name: "orders-tls".into(),
+        });
+        assert_eq!(
+            validate(&b, &Observed::default(), &defaults())
+                .expect_err("invalid")
+                .reason,
+            InvalidReason::Unsupported
+        );
+    }
+
+    #[test]
+    fn quantities_parse_like_the_api_server() {
+        assert_eq!(quantity_bytes("10Gi"), Some(10 << 30));
+        assert_eq!(quantity_bytes("1.5Ki"), Some(1536));
+        assert_eq!(quantity_bytes("500M"), Some(500_000_000));
+        assert_eq!(quantity_bytes("1e3"), Some(1000));
+        assert_eq!(quantity_bytes("123"), Some(123));
+        assert_eq!(quantity_bytes("0.5"), Some(1));
+        for bad in [
+            "", "Gi", "10 Gi", "10gi", "1..5", ".5Gi", "5.Gi", "-1Gi", "10Xi",
+        ] {
+            assert_eq!(quantity_bytes(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! The operator against a real Kubernetes control plane: kube-apiserver 1.20, etcd and
+//! kube-controller-manager (StatefulSet controller and garbage collector) from
+//! `../shared/tools/k8s-envtest`. No kubelet: the StatefulSet's Pods are created, never run.
+//!
+//! Gated (`#[ignore]`): `make test-real-servers` and `.ci/run` run it, with the tool found
+//! through `CAIRN_SHARED_TOOLS` (or `../shared/tools` beside the clone).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_operator::controller::{self, Context};
+use cairn_operator::validate::OperatorDefaults;
+use cairn_operator::{Boundary, build::FIELD_MANAGER};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, CustomResourceExt, Resource, ResourceExt};
+
+const NAMESPACE: &str = "shop";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A control plane started for one test and stopped when dropped.
+struct Envtest {
+    tool: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Envtest {
+    fn start() -> Envtest {
+        let tool = shared_tools().join("k8s-envtest");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let status = Command::new(&tool)
+            .arg("start")
+            .arg(dir.path())
+            .status()
+            .expect("run k8s-envtest");
+        assert!(status.success(), "k8s-envtest start failed");
+        Envtest { tool, dir }
+    }
+
+    async fn client(&self) -> Client {
+        let kubeconfig =
+            Kubeconfig::read_from(self.dir.path().join("kubeconfig")).expect("kubeconfig");
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .expect("client config");
+        Client::try_from(config).expect("client")
+    }
+}
+
+impl Drop for Envtest {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.tool)
+            .arg("stop")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+fn shared_tools() -> PathBuf {
+    match std::env::var_os("CAIRN_SHARED_TOOLS") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools"),
+    }
+}
+
+/// Polls `probe` until it yields a value, or panics naming `what` after [`WAIT`].
+async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.patch(
+        "boundaries.cairn.dev",
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(Boundary::crd()),
+    )
+    .await
+    .expect("install the CRD");
+    eventually("the CRD to be Established", || {
+        let crds = crds.clone();
+        async move {
+            let crd = crds.get("boundaries.cairn.dev").await.ok()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+fn boundaries_raw(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("cairn.dev", "v1alpha1", "Boundary");
+    Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &ApiResource::from_gvk_with_plural(&gvk, "boundaries"),
+    )
+}
+
+fn manifest(name: &str, spec: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "cairn.dev/v1alpha1",
+        "kind": "Boundary",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": spec,
+    }))
+    .expect("manifest")
+}
+
+fn owned_by(meta: &kube::api::ObjectMeta, boundary: &Boundary) -> bool {
+    meta.owner_references.iter().flatten().any(|r| {
+        r.kind == "Boundary"
+            && Some(&r.uid) == boundary.meta().uid.as_ref()
+            && r.controller == Some(true)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real kube-apiserver (../shared/tools/k8s-envtest); run by .ci/run with --ignored"]
+async fn a_boundary_becomes_its_objects_on_a_real_api_server() {
+    let envtest = Envtest::start();
+    let client = envtest.client().await;
+    install_crd(&client).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))
+                .expect("namespace"),
+        )
+        .await
+        .expect("create the namespace");
+
+    // The server itself refuses what the schema rules out.
+    let raw = boundaries_raw(&client);
+    for (spec, why) in [
+        (
+            serde_json::json!({"replicas": "three"}),
+            "a string for an integer",
+        ),
+        (
+            serde_json::json!({"replicas": 7}),
+            "above the schema's maximum",
+        ),
+        (
+            serde_json::json!({"volumeReclaimPolicy": "Shred"}),
+            "not one of the enum",
+        ),
+    ] {
+        let err = raw
+            .create(&PostParams::default(), &manifest("bad", spec))
+            .await
+            .expect_err(why);
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.code == 422),
+            "{why}: {err}"
+        );
+    }
+
+    let context = Context::discover(
+        client.clone(),
+        OperatorDefaults {
+            image: "cairn:test".into(),
+        },
+    )
+    .await
+    .expect("discover");
+    assert!(
+        !context.pdb_v1,
+        "Kubernetes 1.20 serves only policy/v1beta1"
+    );
+    assert!(!context.capabilities.grpc_probes);
+    let operator = tokio::spawn(controller::run(Arc::new(context), Some(NAMESPACE.into())));
+
+    let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
+    raw.create(
+        &PostParams::default(),
+        &manifest(
+            "orders",
+            serde_json::json!({"replicas": 3, "storage": {"size": "1Gi"}}),
+        ),
+    )
+    .await
+    .expect("create the Boundary");
+    let boundary = eventually("the operator's status", || {
+        let boundaries = boundaries.clone();
+        async move {
+            let b = boundaries.get("orders").await.ok()?;
+            b.status.as_ref()?.phase?;
+            Some(b)
+        }
+    })
+    .await;
+    assert!(
+        boundary
+            .finalizers()
+            .contains(&controller::FINALIZER.to_string()),
+        "{:?}",
+        boundary.finalizers()
+    );
+    let status = boundary.status.as_ref().expect("status");
+    assert_eq!(status.endpoint.as_deref(), Some("orders.shop.svc:5005"));
+    assert_eq!(status.ready_replicas, 0, "no kubelet runs the pods");
+    let types: Vec<_> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(types, ["Available", "Progressing", "Degraded"]);
+
+    // Every object, owned by the Boundary.
+    let config = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+        .get("orders-config")
+        .await
+        .expect("ConfigMap");
+    assert!(owned_by(&config.metadata, &boundary));
+    assert_eq!(
+        config.data.as_ref().expect("data")["CAIRN_INITIAL_MEMBERS"],
+        "1=orders-0.orders-peers.shop.svc:5006,2=orders-1.orders-peers.shop.svc:5006,3=orders-2.orders-peers.shop.svc:5006"
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let admin = secrets.get("orders-admin").await.expect("admin Secret");
+    assert!(owned_by(&admin.metadata, &boundary));
+    let password = admin.data.as_ref().expect("data")["password"].0.clone();
+    assert!(owned_by(
+        &secrets
+            .get("orders-cluster")
+            .await
+            .expect("cluster Secret")
+            .metadata,
+        &boundary
+    ));
+    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+    for name in ["orders", "orders-peers"] {
+        assert!(
+            owned_by(&services.get(name).await.expect(name).metadata, &boundary),
+            "{name}"
+        );
+    }
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let set = sets.get("orders").await.expect("StatefulSet");
+    assert!(owned_by(&set.metadata, &boundary));
+    assert_eq!(set.spec.as_ref().and_then(|s| s.replicas), Some(3));
+    let pdb_gvk = GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget");
+    let pdbs: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &ApiResource::from_gvk_with_plural(&pdb_gvk, "poddisruptionbudgets"),
+    );
+    let pdb = pdbs.get("orders").await.expect("PodDisruptionBudget");
+    assert!(owned_by(&pdb.metadata, &boundary));
+    assert_eq!(pdb.data["spec"]["maxUnavailable"], 1);
+    // The StatefulSet controller made the pods from the template the operator built.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    eventually("three pods", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/instance=orders"))
+                .await
+                .ok()?;
+            (list.items.len() == 3).then_some(())
+        }
+    })
+    .await;
+
+    // An invalid change is reported and changes nothing.
+    raw.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 4}})),
+    )
+    .await
+    .expect("the schema allows 4");
+    let refused = eventually("the refusal in the status", || {
+        let boundaries = boundaries.clone();
+        async move {
+            let b = boundaries.get("orders").await.ok()?;
+            let degraded = b
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Degraded")?
+                .clone();
+            (degraded.reason == "UnsupportedReplicas").then_some(degraded)
+        }
+    })
+    .await;
+    assert_eq!(refused.status, "True");
+    assert!(refused.message.contains("not 4"), "{}", refused.message);
+    let set = sets.get("orders").await.expect("StatefulSet");
+    assert_eq!(
+        set.spec.as_ref().and_then(|s| s.replicas),
+        Some(3),
+        "nothing was applied"
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
+    eventually("a Warning Event on the Boundary", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("UnsupportedReplicas")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("orders")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+
+    // Fixing it resumes; the generated password survives every reconcile.
+    raw.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 5}})),
+    )
+    .await
+    .expect("scale to 5");
+    eventually("the StatefulSet to want 5", || {
+        let sets = sets.clone();
+        async move {
+            let set = sets.get("orders").await.ok()?;
+            (set.spec?.replicas == Some(5)).then_some(())
+        }
+    })
+    .await;
+    let config = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+        .get("orders-config")
+        .await
+        .expect("ConfigMap");
+    assert_eq!(
+        config.data.as_ref().expect("data")["CAIRN_INITIAL_MEMBERS"]
+            .split(',')
+            .count(),
+        3,
+        "the formation members stay"
+    );
+    let admin = secrets.get("orders-admin").await.expect("admin Secret");
+    assert_eq!(admin.data.as_ref().expect("data")["password"].0, password);
+
+    // Deleting the Boundary: the finalizer runs, then the garbage collector removes what it
+    // owned.
+    boundaries
+        .delete("orders", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the Boundary to go", || {
+        let boundaries = boundaries.clone();
+        async move {
+            boundaries
+                .get_opt("orders")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    eventually("the garbage collector to remove the owned objects", || {
+        let (sets, services, secrets) = (sets.clone(), services.clone(), secrets.clone());
+        async move {
+            let gone = sets.get_opt("orders").await.ok()?.is_none()
+                && services.get_opt("orders").await.ok()?.is_none()
+                && services.get_opt("orders-peers").await.ok()?.is_none()
+                && secrets.get_opt("orders-admin").await.ok()?.is_none();
+            gone.then_some(())
+        }
+    })
+    .await;
+    operator.abort();
+}

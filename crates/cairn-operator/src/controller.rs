@@ -217,13 +217,13 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
     let client = &context.client;
 
     // 1. Dereference.
-    let observed = dereference(boundary, client, &namespace).await?;
+    let (observed, set) = dereference(boundary, client, &namespace).await?;
 
     // 2. Validate.
     let valid = match validate::validate(boundary, &observed, &context.defaults) {
         Ok(valid) => valid,
         Err(invalid) => {
-            refuse(boundary, context, &invalid, observed.deployed.is_some()).await?;
+            refuse(boundary, context, &invalid, set.as_ref()).await?;
             return Ok(Action::await_change());
         }
     };
@@ -236,12 +236,10 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
     let objects = build::build(&valid, context.capabilities, &generated);
 
     // 4. Apply.
-    apply_objects(&objects, client, &namespace, context.pdb_v1).await?;
+    let set = apply_objects(&objects, client, &namespace, context.pdb_v1).await?;
 
     // 5. Status.
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
-    let set = get(&sets, &name, "the StatefulSet").await?;
-    let observation = observe(set.as_ref(), valid.replicas);
+    let observation = observe(Some(&set), valid.replicas);
     let status = status::compute(
         &name,
         &namespace,
@@ -254,11 +252,12 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
     Ok(Action::requeue(RESYNC))
 }
 
+/// What validation needs, and the running StatefulSet (whose status a refusal reports).
 async fn dereference(
     boundary: &Boundary,
     client: &Client,
     namespace: &str,
-) -> Result<Observed, Error> {
+) -> Result<(Observed, Option<StatefulSet>), Error> {
     let name = boundary.name_any();
     let admin_secret = match &boundary.spec.admin_secret_ref {
         None => None,
@@ -289,10 +288,11 @@ async fn dereference(
     )
     .await?;
     let set = get(&sets, &name, "the StatefulSet").await?;
-    Ok(Observed {
+    let observed = Observed {
         admin_secret,
         deployed: deployed(config.as_ref(), set.as_ref()),
-    })
+    };
+    Ok((observed, set))
 }
 
 /// What runs, read back from the objects a previous reconcile applied.
@@ -340,7 +340,7 @@ async fn refuse(
     boundary: &Boundary,
     context: &Context,
     invalid: &Invalid,
-    deployed: bool,
+    set: Option<&StatefulSet>,
 ) -> Result<(), Error> {
     let name = boundary.name_any();
     let namespace = boundary.namespace().unwrap_or_default();
@@ -360,17 +360,12 @@ async fn refuse(
         // The status carries the same message; an Event is a courtesy.
         tracing::warn!(boundary = %name, "failed to publish an Event: {e}");
     }
-    let observation = if deployed {
-        let sets: Api<StatefulSet> = Api::namespaced(context.client.clone(), &namespace);
-        get(&sets, &name, "the StatefulSet").await?.map(|set| {
-            observe(
-                Some(&set),
-                set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0),
-            )
-        })
-    } else {
-        None
-    };
+    let observation = set.map(|set| {
+        observe(
+            Some(set),
+            set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0),
+        )
+    });
     let status = status::compute(
         &name,
         &namespace,
@@ -387,7 +382,7 @@ async fn apply_objects(
     client: &Client,
     namespace: &str,
     pdb_v1: bool,
-) -> Result<(), Error> {
+) -> Result<StatefulSet, Error> {
     // Generated secrets first, and only once: a new password on every reconcile would lock
     // the nodes out of their own admin user.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -402,7 +397,7 @@ async fn apply_objects(
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
     server_side_apply(&services, &objects.peer_service).await?;
     server_side_apply(&services, &objects.client_service).await?;
-    server_side_apply(
+    let set = server_side_apply(
         &Api::<StatefulSet>::namespaced(client.clone(), namespace),
         &objects.stateful_set,
     )
@@ -425,7 +420,7 @@ async fn apply_objects(
         let gvk = GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
         apply_dynamic(client, namespace, &gvk, "servicemonitors", monitor.clone()).await?;
     }
-    Ok(())
+    Ok(set)
 }
 
 fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
@@ -443,7 +438,8 @@ fn to_json<T: Serialize>(object: &T, what: &str) -> Result<serde_json::Value, Er
     })
 }
 
-async fn server_side_apply<K>(api: &Api<K>, object: &K) -> Result<(), Error>
+/// Applies `object`; the server's answer is the object as stored, status included.
+async fn server_side_apply<K>(api: &Api<K>, object: &K) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
@@ -454,7 +450,6 @@ where
         &Patch::Apply(object),
     )
     .await
-    .map(|_| ())
     .map_err(|source| Error::Apply {
         what: describe(object),
         source,

@@ -48,15 +48,16 @@ pub fn compute(
     let ready = observation.map_or(0, |o| o.ready_replicas);
     let wanted = observation.map_or(0, |o| o.replicas);
 
-    let available = match phase {
+    // Each condition as (status, reason, message).
+    let available: (&str, String, String) = match phase {
         Phase::Active | Phase::Degraded => (
             "True",
-            "Quorum",
+            "Quorum".into(),
             format!("{ready} of {wanted} nodes ready, a quorum serves"),
         ),
         Phase::Failed => (
             "False",
-            "NoQuorum",
+            "NoQuorum".into(),
             format!(
                 "{ready} of {wanted} nodes ready, fewer than the {} a quorum needs",
                 quorum(wanted)
@@ -64,21 +65,25 @@ pub fn compute(
         ),
         Phase::Provisioning => (
             "False",
-            "Starting",
+            "Starting".into(),
             format!("{ready} of {wanted} nodes ready"),
         ),
-        Phase::Pending => ("False", "NotApplied", "nothing runs yet".to_string()),
+        Phase::Pending => ("False", "NotApplied".into(), "nothing runs yet".to_string()),
     };
-    let progressing = match (invalid, phase) {
+    let progressing: (&str, String, String) = match (invalid, phase) {
         (Some(_), _) => (
             "False",
-            "SpecInvalid",
+            "SpecInvalid".into(),
             "the spec was refused; fix it to continue".to_string(),
         ),
-        (None, Phase::Active) => ("False", "Stable", "every node runs the spec".to_string()),
+        (None, Phase::Active) => (
+            "False",
+            "Stable".into(),
+            "every node runs the spec".to_string(),
+        ),
         (None, _) => (
             "True",
-            "Reconciling",
+            "Reconciling".into(),
             format!("{ready} of {wanted} nodes ready"),
         ),
     };
@@ -117,15 +122,11 @@ pub fn compute(
         endpoint: observation.map(|_| format!("{name}.{namespace}.svc:{CLIENT_PORT}")),
         observed_generation: generation,
         conditions: vec![
-            condition("Available", owned(available)),
-            condition("Progressing", owned(progressing)),
+            condition("Available", available),
+            condition("Progressing", progressing),
             condition("Degraded", degraded),
         ],
     }
-}
-
-fn owned<'a>((status, reason, message): (&'a str, &str, String)) -> (&'a str, String, String) {
-    (status, reason.to_string(), message)
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@ pub const CLIENT_PORT: i32 = 5005;
 pub const PEER_PORT: i32 = 5006;
 /// HTTP port: `/metrics`, `/healthz`, `/readyz`.
 pub const HTTP_PORT: i32 = 9464;
+/// The StatefulSet's volume claim template: pod `p`'s claim is `data-p`.
+pub const DATA_CLAIM: &str = "data";
 /// Where each node's volume is mounted, and its data directory inside it.
 pub const DATA_MOUNT: &str = "/var/lib/cairn";
 /// The data directory on the volume.
@@ -116,7 +118,23 @@ pub fn pod_host(valid: &ValidBoundary, ordinal: i32) -> String {
 
 /// Raft node id of pod `ordinal`: ids start at 1, ordinals at 0.
 pub fn node_id(ordinal: i32) -> u64 {
-    ordinal as u64 + 1
+    u64::try_from(ordinal).unwrap_or(0) + 1
+}
+
+/// The pod of Raft node `node_id` in the StatefulSet `name`.
+pub fn pod_name(name: &str, node_id: u64) -> String {
+    format!("{name}-{}", node_id.saturating_sub(1))
+}
+
+/// The ordinal of `pod` when it belongs to the StatefulSet `name`.
+pub fn pod_ordinal(name: &str, pod: &str) -> Option<i32> {
+    let ordinal = pod.strip_prefix(name)?.strip_prefix('-')?;
+    // Digits only: "orders-extra-0" is not a pod of "orders".
+    ordinal
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| ordinal.parse().ok())
+        .flatten()
 }
 
 /// `--initial-members`: the voters the cluster is formed with. Pods beyond them join as
@@ -185,8 +203,14 @@ fn tcp_port(name: &str, port: i32) -> ServicePort {
     }
 }
 
-/// Builds every object of `valid`.
-pub fn build(valid: &ValidBoundary, capabilities: Capabilities, generated: &Generated) -> Objects {
+/// Builds every object of `valid`, with a StatefulSet of `pods` pods: the membership plan's
+/// count, more than `valid.replicas` while surplus nodes are still leaving the Raft group.
+pub fn build(
+    valid: &ValidBoundary,
+    capabilities: Capabilities,
+    generated: &Generated,
+    pods: i32,
+) -> Objects {
     Objects {
         config_map: config_map(valid),
         admin_secret: valid
@@ -202,7 +226,7 @@ pub fn build(valid: &ValidBoundary, capabilities: Capabilities, generated: &Gene
         ),
         peer_service: peer_service(valid),
         client_service: client_service(valid),
-        stateful_set: stateful_set(valid, capabilities),
+        stateful_set: stateful_set(valid, capabilities, pods),
         pod_disruption_budget: pod_disruption_budget(valid),
         service_monitor: (valid.service_monitor && capabilities.service_monitors)
             .then(|| service_monitor(valid)),
@@ -405,7 +429,7 @@ fn container(valid: &ValidBoundary, capabilities: Capabilities) -> Container {
         resources: valid.resources.clone(),
         volume_mounts: Some(vec![
             VolumeMount {
-                name: "data".into(),
+                name: DATA_CLAIM.into(),
                 mount_path: DATA_MOUNT.into(),
                 ..VolumeMount::default()
             },
@@ -453,12 +477,12 @@ fn default_affinity(valid: &ValidBoundary) -> Affinity {
     }
 }
 
-fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities) -> StatefulSet {
+fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities, pods: i32) -> StatefulSet {
     let mut requests = BTreeMap::new();
     requests.insert("storage".to_string(), Quantity(valid.storage_size.clone()));
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
-            name: Some("data".into()),
+            name: Some(DATA_CLAIM.into()),
             labels: Some(selector_labels(&valid.name)),
             ..ObjectMeta::default()
         },
@@ -506,7 +530,7 @@ fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities) -> StatefulSe
     StatefulSet {
         metadata: metadata(valid, valid.name.clone(), "node"),
         spec: Some(StatefulSetSpec {
-            replicas: Some(valid.replicas),
+            replicas: Some(pods),
             service_name: Some(peer_service_name(&valid.name)),
             // All pods start at once: with OrderedReady, pod 0 would wait to be ready, which
             // needs a quorum, which needs pods 1 and 2.
@@ -600,7 +624,12 @@ mod tests {
     }
 
     fn objects(replicas: i32) -> Objects {
-        build(&valid(replicas), Capabilities::default(), &generated())
+        build(
+            &valid(replicas),
+            Capabilities::default(),
+            &generated(),
+            replicas,
+        )
     }
 
     fn pod_spec(objects: &Objects) -> &PodSpec {
@@ -642,6 +671,29 @@ mod tests {
             assert_eq!(labels[NAME_LABEL], "cairn", "{name}");
             assert_eq!(labels[INSTANCE_LABEL], "orders", "{name}");
         }
+    }
+
+    #[test]
+    fn pods_and_node_ids_map_both_ways() {
+        assert_eq!(pod_name("orders", node_id(4)), "orders-4");
+        assert_eq!(pod_ordinal("orders", "orders-4"), Some(4));
+        assert_eq!(pod_ordinal("orders", "orders-12"), Some(12));
+        assert_eq!(pod_ordinal("orders", "orders-extra-0"), None);
+        assert_eq!(pod_ordinal("orders", "orders-"), None);
+        assert_eq!(pod_ordinal("orders", "shop-0"), None);
+    }
+
+    #[test]
+    fn a_shrinking_set_keeps_its_pods_until_they_left_and_its_quorum_budget() {
+        let objects = build(&valid(3), Capabilities::default(), &generated(), 5);
+        let spec = objects.stateful_set.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(5));
+        let pdb = objects.pod_disruption_budget.spec.as_ref().expect("pdb");
+        assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+        assert_eq!(
+            objects.config_map.data.as_ref().expect("data")["CAIRN_INITIAL_MEMBERS"],
+            initial_members(&valid(3))
+        );
     }
 
     #[test]
@@ -836,6 +888,7 @@ mod tests {
                 ..Capabilities::default()
             },
             &generated(),
+            3,
         );
         let c = &pod_spec(&objects).containers[0];
         let readiness = c.readiness_probe.as_ref().expect("readiness");
@@ -877,7 +930,7 @@ mod tests {
         let mut mine = valid(3);
         mine.generate_admin_secret = false;
         mine.admin_secret = "orders-creds".into();
-        let objects = build(&mine, Capabilities::default(), &generated());
+        let objects = build(&mine, Capabilities::default(), &generated(), 3);
         assert!(objects.admin_secret.is_none());
         assert_eq!(
             objects.cluster_secret.data.expect("data")[CLUSTER_SECRET_KEY].0,
@@ -889,7 +942,7 @@ mod tests {
     fn a_service_monitor_needs_both_the_wish_and_the_api() {
         let mut wanted = valid(3);
         wanted.service_monitor = true;
-        let without_api = build(&wanted, Capabilities::default(), &generated());
+        let without_api = build(&wanted, Capabilities::default(), &generated(), 3);
         assert!(without_api.service_monitor.is_none());
         let with_api = build(
             &wanted,
@@ -898,6 +951,7 @@ mod tests {
                 ..Capabilities::default()
             },
             &generated(),
+            3,
         );
         let monitor = with_api.service_monitor.expect("monitor");
         assert_eq!(monitor["kind"], "ServiceMonitor");

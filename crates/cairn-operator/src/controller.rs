@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -24,8 +24,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::build::{self, Capabilities, FIELD_MANAGER, Generated, Objects};
-use crate::crd::{Boundary, BoundaryStatus, VolumeReclaimPolicy};
-use crate::status::{self, Observation};
+use crate::cluster_api::{self, PodEndpoint};
+use crate::crd::{Boundary, BoundaryStatus, Member, VolumeReclaimPolicy};
+use crate::membership::{self, Change, ClusterView};
+use crate::status::{self, ClusterSummary, Observation};
 use crate::validate::{self, Deployed, Invalid, Observed, OperatorDefaults, SecretState};
 
 /// Removes what owner references do not: the volumes, when the policy says so.
@@ -35,6 +37,9 @@ pub const FINALIZER: &str = "cairn.dev/cleanup";
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// How soon a failed reconcile is retried.
 pub const RETRY: Duration = Duration::from_secs(5);
+/// How soon a Boundary whose Raft membership is changing is looked at again (each pass makes
+/// at most one change, then waits for the cluster to report it).
+pub const MEMBERSHIP_POLL: Duration = Duration::from_secs(2);
 /// Length of generated passwords and cluster secrets (alphanumeric).
 pub const GENERATED_SECRET_LEN: usize = 32;
 
@@ -95,7 +100,12 @@ impl Error {
             Error::Status { .. } => "status",
             Error::Cleanup { .. } => "cleanup",
             Error::Serialise { .. } => "serialise",
-            Error::Finalizer(_) => "finalizer",
+            // The finalizer helper wraps the reconcile's own error: report that one.
+            Error::Finalizer(e) => match e.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(inner)
+                | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner.reason(),
+                _ => "finalizer",
+            },
         }
     }
 }
@@ -217,29 +227,43 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
     let client = &context.client;
 
     // 1. Dereference.
-    let (observed, set) = dereference(boundary, client, &namespace).await?;
+    let (observed, running) = dereference(boundary, client, &namespace).await?;
 
     // 2. Validate.
     let valid = match validate::validate(boundary, &observed, &context.defaults) {
         Ok(valid) => valid,
         Err(invalid) => {
-            refuse(boundary, context, &invalid, set.as_ref()).await?;
+            refuse(boundary, context, &invalid, &running).await?;
             return Ok(Action::await_change());
         }
     };
 
-    // 3. Build.
+    // 3. Build, with as many pods as the membership still needs.
+    let plan = membership::plan(
+        valid.replicas,
+        running.pods(),
+        running.cluster.view.as_ref(),
+    );
     let generated = Generated {
         admin_password: random_secret(),
         cluster_secret: random_secret(),
     };
-    let objects = build::build(&valid, context.capabilities, &generated);
+    let objects = build::build(&valid, context.capabilities, &generated, plan.pods);
 
     // 4. Apply.
     let set = apply_objects(&objects, client, &namespace, context.pdb_v1).await?;
 
-    // 5. Status.
-    let observation = observe(Some(&set), valid.replicas);
+    // 5. Membership sync, then status.
+    if let (Some(change), Some(leader)) = (plan.change, &running.cluster.leader) {
+        change_membership(boundary, context, &running, leader, change).await;
+    }
+    if plan.settled {
+        remove_surplus_claims(&name, &namespace, client, valid.replicas, &running).await?;
+    }
+    let observation = Observation {
+        cluster: summary(&name, &running.cluster, plan.settled),
+        ..observe(Some(&set), valid.replicas)
+    };
     let status = status::compute(
         &name,
         &namespace,
@@ -249,35 +273,58 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
         Timestamp::now(),
     );
     write_status(boundary, client, &status).await?;
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(if plan.settled {
+        RESYNC
+    } else {
+        MEMBERSHIP_POLL
+    }))
 }
 
-/// What validation needs, and the running StatefulSet (whose status a refusal reports).
+/// What runs: the StatefulSet, its pods, and what they said of the Raft group.
+#[derive(Default)]
+struct Running {
+    set: Option<StatefulSet>,
+    /// Every pod of the Boundary by name, terminating or not.
+    pod_names: Vec<String>,
+    /// The cluster secret, once the operator has created it.
+    cluster_secret: Option<String>,
+    cluster: cluster_api::Observed,
+}
+
+impl Running {
+    fn pods(&self) -> i32 {
+        self.set
+            .as_ref()
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.replicas)
+            .unwrap_or(0)
+    }
+}
+
+/// What validation needs, and what runs (whose status a refusal reports).
 async fn dereference(
     boundary: &Boundary,
     client: &Client,
     namespace: &str,
-) -> Result<(Observed, Option<StatefulSet>), Error> {
+) -> Result<(Observed, Running), Error> {
     let name = boundary.name_any();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let admin_secret = match &boundary.spec.admin_secret_ref {
         None => None,
-        Some(reference) => {
-            let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-            Some(
-                match get(&secrets, &reference.name, "the admin Secret").await? {
-                    None => SecretState::Missing,
-                    Some(secret) => SecretState::Present(
-                        secret
-                            .data
-                            .iter()
-                            .flatten()
-                            .map(|(k, _)| k.clone())
-                            .chain(secret.string_data.iter().flatten().map(|(k, _)| k.clone()))
-                            .collect(),
-                    ),
-                },
-            )
-        }
+        Some(reference) => Some(
+            match get(&secrets, &reference.name, "the admin Secret").await? {
+                None => SecretState::Missing,
+                Some(secret) => SecretState::Present(
+                    secret
+                        .data
+                        .iter()
+                        .flatten()
+                        .map(|(k, _)| k.clone())
+                        .chain(secret.string_data.iter().flatten().map(|(k, _)| k.clone()))
+                        .collect(),
+                ),
+            },
+        ),
     };
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
@@ -292,7 +339,171 @@ async fn dereference(
         admin_secret,
         deployed: deployed(config.as_ref(), set.as_ref()),
     };
-    Ok((observed, set))
+    let cluster_secret = get(
+        &secrets,
+        &build::cluster_secret_name(&name),
+        "the cluster Secret",
+    )
+    .await?
+    .and_then(|secret| secret.data?.remove(build::CLUSTER_SECRET_KEY))
+    .and_then(|value| String::from_utf8(value.0).ok());
+    let mut running = Running {
+        set,
+        cluster_secret,
+        ..Running::default()
+    };
+    if running.set.is_some() {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let listed = pods
+            .list(&ListParams::default().labels(&selector(&name)))
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("the pods of {name}"),
+                source,
+            })?;
+        let endpoints: Vec<PodEndpoint> = listed
+            .items
+            .iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .filter_map(|pod| {
+                let pod_name = pod.metadata.name.clone()?;
+                let ordinal = build::pod_ordinal(&name, &pod_name)?;
+                let ip = pod.status.as_ref()?.pod_ip.clone()?;
+                Some(PodEndpoint {
+                    ordinal,
+                    pod: pod_name,
+                    ip,
+                })
+            })
+            .collect();
+        running.pod_names = listed
+            .items
+            .iter()
+            .filter_map(|pod| pod.metadata.name.clone())
+            .collect();
+        if let Some(secret) = &running.cluster_secret {
+            running.cluster = cluster_api::observe(&endpoints, secret).await;
+        }
+    }
+    Ok((observed, running))
+}
+
+/// The status's view of the Raft group.
+fn summary(name: &str, cluster: &cluster_api::Observed, settled: bool) -> ClusterSummary {
+    let members = cluster
+        .view
+        .iter()
+        .flat_map(|view: &ClusterView| &view.members)
+        .map(|m| Member {
+            id: m.node_id,
+            pod: build::pod_name(name, m.node_id),
+            role: if m.voter { "voter" } else { "learner" }.into(),
+        })
+        .collect();
+    ClusterSummary {
+        leader: cluster.leader.as_ref().map(|p| p.pod.clone()),
+        members,
+        settled,
+        answered: cluster.answered,
+    }
+}
+
+/// Sends one membership change to the leader. A refusal (say, a learner no longer caught
+/// up) is logged and the next pass decides again.
+async fn change_membership(
+    boundary: &Boundary,
+    context: &Context,
+    running: &Running,
+    leader: &PodEndpoint,
+    change: Change,
+) {
+    let name = boundary.name_any();
+    let Some(secret) = &running.cluster_secret else {
+        return;
+    };
+    let (verb, node_id) = match change {
+        Change::Promote(id) => ("promote", id),
+        Change::Remove(id) => ("remove", id),
+        Change::TransferLeader(id) => ("hand leadership to", id),
+    };
+    let target = build::pod_name(&name, node_id);
+    let result = async {
+        cluster_api::Node::connect(leader, secret)
+            .await?
+            .change(change)
+            .await
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            tracing::info!(boundary = %name, leader = %leader.pod, "membership: {verb} node {node_id} ({target})");
+            let event = Event {
+                type_: EventType::Normal,
+                reason: "MembershipChanged".into(),
+                note: Some(format!("{verb} node {node_id} ({target})")),
+                action: "ChangeMembership".into(),
+                secondary: None,
+            };
+            publish(context, boundary, &event).await;
+        }
+        Err(e) => tracing::warn!(
+            boundary = %name,
+            "failed to {verb} node {node_id} ({target}), deciding again in {}s: {e}",
+            MEMBERSHIP_POLL.as_secs()
+        ),
+    }
+}
+
+/// Once the membership has shrunk and the surplus pods are gone, their volumes go too: they
+/// hold nothing the remaining nodes lack, and a node started again on one would come back
+/// with the membership it has left. (`volumeReclaimPolicy` governs deleting the Boundary.)
+async fn remove_surplus_claims(
+    name: &str,
+    namespace: &str,
+    client: &Client,
+    replicas: i32,
+    running: &Running,
+) -> Result<(), Error> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let listed = claims
+        .list(&ListParams::default().labels(&selector(name)))
+        .await
+        .map_err(|source| Error::Read {
+            what: format!("the volumes of {name}"),
+            source,
+        })?;
+    for claim in listed.items {
+        let Some(claim_name) = claim.metadata.name else {
+            continue;
+        };
+        let Some(pod) = claim_name.strip_prefix(&format!("{}-", build::DATA_CLAIM)) else {
+            continue;
+        };
+        let surplus = build::pod_ordinal(name, pod).is_some_and(|ordinal| ordinal >= replicas);
+        if !surplus
+            || running.pod_names.iter().any(|p| p == pod)
+            || claim.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        claims
+            .delete(&claim_name, &DeleteParams::default())
+            .await
+            .map_err(|source| Error::Cleanup {
+                name: name.to_string(),
+                source,
+            })?;
+        tracing::info!(boundary = %name, %namespace, claim = %claim_name, "deleted the volume of a node that left");
+    }
+    Ok(())
+}
+
+fn selector(name: &str) -> String {
+    build::selector_labels(name)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// What runs, read back from the objects a previous reconcile applied.
@@ -321,6 +532,7 @@ fn deployed(config: Option<&ConfigMap>, set: Option<&StatefulSet>) -> Option<Dep
     })
 }
 
+/// The StatefulSet's part of the observation (the cluster's is added by the caller).
 fn observe(set: Option<&StatefulSet>, replicas: i32) -> Observation {
     let status = set.and_then(|s| s.status.as_ref());
     let generation = set.and_then(|s| s.metadata.generation);
@@ -332,6 +544,19 @@ fn observe(set: Option<&StatefulSet>, replicas: i32) -> Observation {
                 && s.current_revision == s.update_revision
                 && s.updated_replicas.unwrap_or(0) >= replicas
         }),
+        cluster: ClusterSummary::default(),
+    }
+}
+
+/// Publishes `event` on `boundary`. Events are a courtesy (the status and the logs say the
+/// same), so a failure is logged, not returned.
+async fn publish(context: &Context, boundary: &Boundary, event: &Event) {
+    if let Err(e) = context
+        .recorder
+        .publish(event, &boundary.object_ref(&()))
+        .await
+    {
+        tracing::warn!(boundary = %boundary.name_any(), reason = %event.reason, "failed to publish an Event: {e}");
     }
 }
 
@@ -340,7 +565,7 @@ async fn refuse(
     boundary: &Boundary,
     context: &Context,
     invalid: &Invalid,
-    set: Option<&StatefulSet>,
+    running: &Running,
 ) -> Result<(), Error> {
     let name = boundary.name_any();
     let namespace = boundary.namespace().unwrap_or_default();
@@ -352,19 +577,14 @@ async fn refuse(
         action: "Validate".into(),
         secondary: None,
     };
-    if let Err(e) = context
-        .recorder
-        .publish(&event, &boundary.object_ref(&()))
-        .await
-    {
-        // The status carries the same message; an Event is a courtesy.
-        tracing::warn!(boundary = %name, "failed to publish an Event: {e}");
-    }
-    let observation = set.map(|set| {
-        observe(
-            Some(set),
-            set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0),
-        )
+    publish(context, boundary, &event).await;
+    let observation = running.set.as_ref().map(|set| {
+        let pods = running.pods();
+        let settled = membership::plan(pods, pods, running.cluster.view.as_ref()).settled;
+        Observation {
+            cluster: summary(&name, &running.cluster, settled),
+            ..observe(Some(set), pods)
+        }
     });
     let status = status::compute(
         &name,
@@ -542,15 +762,10 @@ async fn cleanup(boundary: &Boundary, context: &Context) -> Result<Action, Error
         let namespace = boundary.namespace().unwrap_or_default();
         let claims: Api<PersistentVolumeClaim> =
             Api::namespaced(context.client.clone(), &namespace);
-        let selector = build::selector_labels(&name)
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",");
         claims
             .delete_collection(
                 &DeleteParams::default(),
-                &ListParams::default().labels(&selector),
+                &ListParams::default().labels(&selector(&name)),
             )
             .await
             .map_err(|source| Error::Cleanup {
@@ -569,6 +784,9 @@ fn random_secret() -> String {
         .map(char::from)
         .collect()
 }
+
+#[cfg(test)]
+mod api_tests;
 
 #[cfg(test)]
 mod tests {
@@ -604,6 +822,7 @@ mod tests {
                 admin_password: "pw".into(),
                 cluster_secret: "s".repeat(20),
             },
+            5,
         );
         let read =
             deployed(Some(&objects.config_map), Some(&objects.stateful_set)).expect("deployed");

@@ -4,12 +4,16 @@
 //!
 //! A reconcile runs in five steps, after stackable's operators: dereference (read the
 //! resource and what it refers to) → [`validate`] (pure) → [`build`] (pure) → apply
-//! (server-side apply as `cairn-operator`, owner references) → membership sync and status.
-//! The operator talks to clusters only through the Kubernetes API ([`controller`]).
+//! (server-side apply as `cairn-operator`, owner references) → [`membership`] sync (pure
+//! plan, one change per pass) and [`status`]. The operator talks to Kubernetes only through
+//! its API ([`controller`]) and to Cairn nodes only through their cluster API on the peer
+//! port ([`cluster_api`]).
 
 pub mod build;
+pub mod cluster_api;
 pub mod controller;
 pub mod crd;
+pub mod membership;
 pub mod status;
 pub mod validate;
 

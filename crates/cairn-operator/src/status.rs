@@ -5,18 +5,33 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::build::{CLIENT_PORT, quorum};
-use crate::crd::{BoundaryStatus, Phase};
+use crate::crd::{BoundaryStatus, Member, Phase};
 use crate::validate::Invalid;
 
 /// What the reconcile saw of the running cluster.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observation {
-    /// Pods the StatefulSet wants.
+    /// Nodes the spec wants.
     pub replicas: i32,
     /// Pods passing their readiness probe.
     pub ready_replicas: i32,
     /// True when the StatefulSet controller has seen the latest pod template.
     pub rolled_out: bool,
+    /// What the pods said of the Raft group.
+    pub cluster: ClusterSummary,
+}
+
+/// The Raft group as the operator saw it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterSummary {
+    /// The leading pod, when one answered.
+    pub leader: Option<String>,
+    /// The leader's membership.
+    pub members: Vec<Member>,
+    /// True when the voters are exactly the wanted nodes (no change under way).
+    pub settled: bool,
+    /// How many pods answered the operator.
+    pub answered: usize,
 }
 
 /// The status of a Boundary named `name` in `namespace` whose spec is `generation`: either
@@ -35,11 +50,17 @@ pub fn compute(
     };
     let phase = match observation {
         None => Phase::Pending,
-        Some(o) if o.ready_replicas >= o.replicas && o.rolled_out && o.replicas > 0 => {
-            Phase::Active
+        Some(o) if o.cluster.leader.is_some() && o.ready_replicas >= quorum(o.replicas) => {
+            if o.ready_replicas < o.replicas {
+                Phase::Degraded
+            } else if o.rolled_out && o.cluster.settled {
+                Phase::Active
+            } else {
+                // Everything answers; pods are being replaced or the membership changes.
+                Phase::Provisioning
+            }
         }
-        Some(o) if o.ready_replicas >= quorum(o.replicas) => Phase::Degraded,
-        // Below quorum: failed if it has served before, else still coming up.
+        // No leader or below quorum: failed if it has served before, else still coming up.
         Some(_) => match previous.and_then(|p| p.phase) {
             Some(Phase::Active | Phase::Degraded | Phase::Failed) => Phase::Failed,
             _ => Phase::Provisioning,
@@ -49,26 +70,33 @@ pub fn compute(
     let wanted = observation.map_or(0, |o| o.replicas);
 
     // Each condition as (status, reason, message).
-    let available: (&str, String, String) = match phase {
-        Phase::Active | Phase::Degraded => (
+    let leader = observation.and_then(|o| o.cluster.leader.as_deref());
+    let available: (&str, String, String) = match (phase, leader) {
+        (Phase::Pending, _) => ("False", "NotApplied".into(), "nothing runs yet".to_string()),
+        (_, Some(leader)) if ready >= quorum(wanted) => (
             "True",
             "Quorum".into(),
-            format!("{ready} of {wanted} nodes ready, a quorum serves"),
+            format!("{ready} of {wanted} nodes ready, {leader} leads"),
         ),
-        Phase::Failed => (
+        (Phase::Failed, _) => (
             "False",
             "NoQuorum".into(),
-            format!(
-                "{ready} of {wanted} nodes ready, fewer than the {} a quorum needs",
-                quorum(wanted)
-            ),
+            match leader {
+                Some(_) => format!(
+                    "{ready} of {wanted} nodes ready, fewer than the {} a quorum needs",
+                    quorum(wanted)
+                ),
+                None => no_leader(observation),
+            },
         ),
-        Phase::Provisioning => (
+        _ => (
             "False",
             "Starting".into(),
-            format!("{ready} of {wanted} nodes ready"),
+            format!(
+                "{ready} of {wanted} nodes ready; {}",
+                no_leader(observation)
+            ),
         ),
-        Phase::Pending => ("False", "NotApplied".into(), "nothing runs yet".to_string()),
     };
     let progressing: (&str, String, String) = match (invalid, phase) {
         (Some(_), _) => (
@@ -81,6 +109,17 @@ pub fn compute(
             "Stable".into(),
             "every node runs the spec".to_string(),
         ),
+        (None, _)
+            if observation.is_some_and(|o| o.cluster.leader.is_some() && !o.cluster.settled) =>
+        {
+            (
+                "True",
+                "MembershipChanging".into(),
+                format!(
+                    "{ready} of {wanted} nodes ready; the Raft membership moves to {wanted} voters"
+                ),
+            )
+        }
         (None, _) => (
             "True",
             "Reconciling".into(),
@@ -89,11 +128,12 @@ pub fn compute(
     };
     let degraded = match (invalid, phase) {
         (Some(invalid), _) => ("True", invalid.reason.to_string(), invalid.message.clone()),
-        (None, Phase::Degraded | Phase::Failed) => (
+        (None, Phase::Degraded | Phase::Failed) if ready < wanted => (
             "True",
             "NodesNotReady".to_string(),
             format!("{} of {wanted} nodes are not ready", wanted - ready),
         ),
+        (None, Phase::Failed) => ("True", "NoLeader".to_string(), no_leader(observation)),
         (None, _) => ("False", "AsExpected".to_string(), String::new()),
     };
 
@@ -117,8 +157,10 @@ pub fn compute(
     BoundaryStatus {
         phase: Some(phase),
         ready_replicas: ready,
-        leader: previous.and_then(|p| p.leader.clone()),
-        members: previous.map(|p| p.members.clone()).unwrap_or_default(),
+        leader: leader.map(str::to_string),
+        members: observation
+            .map(|o| o.cluster.members.clone())
+            .unwrap_or_default(),
         endpoint: observation.map(|_| format!("{name}.{namespace}.svc:{CLIENT_PORT}")),
         observed_generation: generation,
         conditions: vec![
@@ -126,6 +168,13 @@ pub fn compute(
             condition("Progressing", progressing),
             condition("Degraded", degraded),
         ],
+    }
+}
+
+fn no_leader(observation: Option<&Observation>) -> String {
+    match observation.map_or(0, |o| o.cluster.answered) {
+        0 => "no node answered the operator's cluster status call".to_string(),
+        n => format!("{n} nodes answered, none leads"),
     }
 }
 
@@ -143,6 +192,18 @@ mod tests {
             replicas,
             ready_replicas: ready,
             rolled_out: true,
+            cluster: ClusterSummary {
+                leader: Some("orders-1".into()),
+                members: (1..=replicas as u64)
+                    .map(|id| Member {
+                        id,
+                        pod: format!("orders-{}", id - 1),
+                        role: "voter".into(),
+                    })
+                    .collect(),
+                settled: true,
+                answered: ready as usize,
+            },
         }
     }
 
@@ -192,7 +253,56 @@ mod tests {
             rolled_out: false,
             ..running(3, 3)
         };
-        assert_eq!(status(Ok(&rolling), None).phase, Some(Phase::Degraded));
+        assert_eq!(status(Ok(&rolling), None).phase, Some(Phase::Provisioning));
+    }
+
+    #[test]
+    fn the_leader_and_members_are_what_the_pods_said() {
+        let active = status(Ok(&running(3, 3)), None);
+        assert_eq!(active.leader.as_deref(), Some("orders-1"));
+        assert_eq!(
+            active
+                .members
+                .iter()
+                .map(|m| m.pod.as_str())
+                .collect::<Vec<_>>(),
+            ["orders-0", "orders-1", "orders-2"]
+        );
+        assert!(
+            condition(&active, "Available")
+                .message
+                .contains("orders-1 leads")
+        );
+
+        let mut leaderless = running(3, 3);
+        leaderless.cluster = ClusterSummary {
+            answered: 3,
+            ..ClusterSummary::default()
+        };
+        let starting = status(Ok(&leaderless), None);
+        assert_eq!(starting.phase, Some(Phase::Provisioning));
+        assert_eq!(starting.leader, None);
+        assert!(starting.members.is_empty());
+        assert_eq!(condition(&starting, "Available").reason, "Starting");
+        let lost = status(Ok(&leaderless), Some(&active));
+        assert_eq!(lost.phase, Some(Phase::Failed));
+        let degraded = condition(&lost, "Degraded");
+        assert_eq!(degraded.reason, "NoLeader");
+        assert!(degraded.message.contains("3 nodes answered, none leads"));
+    }
+
+    #[test]
+    fn a_membership_change_is_progress_not_trouble() {
+        let mut growing = running(5, 5);
+        growing.cluster.settled = false;
+        let status = status(Ok(&growing), None);
+        assert_eq!(status.phase, Some(Phase::Provisioning));
+        assert_eq!(condition(&status, "Available").status, "True");
+        assert_eq!(
+            condition(&status, "Progressing").reason,
+            "MembershipChanging"
+        );
+        assert_eq!(condition(&status, "Degraded").status, "False");
     }
 
     #[test]

@@ -26,4 +26,8 @@ pub const ORISUN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/orisun_d
 /// Encoded `FileDescriptorSet` of Cairn's own services (peer port reflection).
 pub const CAIRN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/cairn_descriptor.bin");
 
+/// Metadata key carrying the cluster secret on every `cairn.v1` call (peer port): nodes send
+/// it to each other, and tools and the operator send it to any node.
+pub const CLUSTER_SECRET_HEADER: &str = "x-cairn-cluster-secret";
+
 pub use status::{from_status, to_status};

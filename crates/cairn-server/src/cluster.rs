@@ -276,6 +276,42 @@ pub async fn transfer_leader(node: &NodeState, id: u64) -> Result<u64, Error> {
     result
 }
 
+/// How long a leader that is shutting down waits for a voter to catch up before handing over.
+const STEP_DOWN_CATCH_UP: Duration = Duration::from_secs(2);
+
+/// On shutdown: a leader hands leadership to its best-replicated voter, so the cluster does
+/// not wait out an election timeout (and a restarted pod does not simply win again). Returns
+/// the new leader, or `None` when this node does not lead or leads alone.
+pub async fn step_down(node: &NodeState) -> Result<Option<u64>, Error> {
+    let deadline = tokio::time::Instant::now() + STEP_DOWN_CATCH_UP;
+    loop {
+        let view = node.raft.view();
+        if view.role != Role::Leader {
+            return Ok(None);
+        }
+        let best = view
+            .voters
+            .iter()
+            .filter(|m| m.id != view.node_id)
+            .map(|m| (view.matched.get(&m.id).copied().unwrap_or(0), m.id))
+            .max();
+        match best {
+            None => return Ok(None),
+            Some((matched, id)) if matched >= view.last_log_index => {
+                return transfer_leader(node, id).await.map(Some);
+            }
+            Some((matched, id)) if tokio::time::Instant::now() >= deadline => {
+                return Err(Error::Unavailable(format!(
+                    "no voter caught up within {}s (node {id} has {matched} of {})",
+                    STEP_DOWN_CATCH_UP.as_secs(),
+                    view.last_log_index
+                )));
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
 async fn hand_over(node: &NodeState, id: u64, addr: &str) -> Result<u64, Error> {
     tokio::time::sleep(node.config.timing.election_max + LEASE_MARGIN).await;
     node.peers

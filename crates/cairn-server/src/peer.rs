@@ -34,9 +34,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
 use crate::state::NodeState;
+use cairn_proto::CLUSTER_SECRET_HEADER as SECRET_HEADER;
 
-/// Metadata key carrying the cluster secret on every peer call.
-pub const SECRET_HEADER: &str = "x-cairn-cluster-secret";
 /// Largest peer message, either way. A Raft entry holds at most 8 MiB of commands; an
 /// AppendEntries over this size is split by openraft (we answer `PayloadTooLarge`).
 pub const MAX_PEER_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

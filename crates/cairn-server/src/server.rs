@@ -530,7 +530,8 @@ impl RunningServer {
     }
 
     /// Graceful shutdown: report NOT_SERVING, end subscriptions, stop accepting, let
-    /// in-flight requests finish (up to the grace period), stop Raft, sync and close RocksDB.
+    /// in-flight requests finish (up to the grace period), hand leadership to a caught-up
+    /// voter when leading, stop Raft, sync and close RocksDB.
     pub fn shutdown(self) -> Boxed<Result<(), ServerError>> {
         Box::pin(self.shut_down())
     }
@@ -561,6 +562,14 @@ impl RunningServer {
         self.bootstrap_task.abort();
         if let Some(join) = self.join_task {
             join.abort();
+        }
+        // The peer port still serves: Raft can elect the successor before this node stops.
+        match crate::cluster::step_down(&self.node).await {
+            Ok(Some(successor)) => tracing::info!("handed leadership to node {successor}"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                "failed to hand over leadership before stopping (the others elect a leader after their election timeout): {e}"
+            ),
         }
         self.node.raft.shutdown().await?;
         if let Some(peer) = self.peer {

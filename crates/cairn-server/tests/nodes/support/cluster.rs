@@ -388,9 +388,10 @@ impl Cluster {
     /// Node `id`'s view of the cluster.
     pub async fn status(&self, id: u64) -> Result<cluster_pb::StatusResponse, tonic::Status> {
         let mut request = tonic::Request::new(cluster_pb::StatusRequest {});
-        request
-            .metadata_mut()
-            .insert("x-cairn-cluster-secret", SECRET.parse().expect("ascii"));
+        request.metadata_mut().insert(
+            cairn_proto::CLUSTER_SECRET_HEADER,
+            SECRET.parse().expect("ascii"),
+        );
         self.cluster_api(id)
             .await
             .status(request)

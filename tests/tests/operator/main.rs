@@ -1,9 +1,15 @@
 //! The operator against a real Kubernetes control plane: kube-apiserver 1.20, etcd and
 //! kube-controller-manager (StatefulSet controller and garbage collector) from
-//! `../shared/tools/k8s-envtest`. No kubelet: the StatefulSet's Pods are created, never run.
+//! `../shared/tools/k8s-envtest`. Here, without a kubelet, the StatefulSet's Pods are
+//! created and never run; `end_to_end` adds a test kubelet ([`kubelet`]) that runs them as
+//! real `cairn` processes; `chart` installs the Helm chart and checks its RBAC.
 //!
-//! Gated (`#[ignore]`): `make test-real-servers` and `.ci/run` run it, with the tool found
+//! Gated (`#[ignore]`): `make test-real-servers` and `.ci/run` run them, with the tools found
 //! through `CAIRN_SHARED_TOOLS` (or `../shared/tools` beside the clone).
+
+mod chart;
+mod end_to_end;
+mod kubelet;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,13 +34,13 @@ const NAMESPACE: &str = "shop";
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A control plane started for one test and stopped when dropped.
-struct Envtest {
+pub struct Envtest {
     tool: PathBuf,
     dir: tempfile::TempDir,
 }
 
 impl Envtest {
-    fn start() -> Envtest {
+    pub fn start() -> Envtest {
         let tool = shared_tools().join("k8s-envtest");
         let dir = tempfile::tempdir().expect("temp dir");
         let status = Command::new(&tool)
@@ -46,14 +52,56 @@ impl Envtest {
         Envtest { tool, dir }
     }
 
-    async fn client(&self) -> Client {
-        let kubeconfig =
-            Kubeconfig::read_from(self.dir.path().join("kubeconfig")).expect("kubeconfig");
+    /// The admin kubeconfig k8s-envtest wrote.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(self.kubeconfig()).expect("kubeconfig");
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .expect("client config");
         Client::try_from(config).expect("client")
+    }
+}
+
+impl Envtest {
+    /// Runs more of kube-controller-manager's controllers than k8s-envtest starts, as a second
+    /// instance of the same binary (stopped when dropped): `endpoint` fills a Service's
+    /// Endpoints from its ready pods, `pvc-protection` holds a claim while a pod uses it.
+    pub fn start_controllers(&self, controllers: &str) -> ChildGuard {
+        let cache = std::env::var_os("CAIRN_K8S_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_K8S_CACHE));
+        let log = std::fs::File::create(self.dir.path().join("extra-controllers.log"))
+            .expect("controller log");
+        let child = Command::new(cache.join("kube-controller-manager"))
+            .arg(format!(
+                "--kubeconfig={}",
+                self.dir.path().join("kubeconfig").display()
+            ))
+            .arg(format!("--controllers={controllers}"))
+            .args(["--leader-elect=false", "--port=0", "--secure-port=0"])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start kube-controller-manager (built by k8s-envtest)");
+        ChildGuard(child)
+    }
+}
+
+/// Where k8s-envtest caches its binaries unless `CAIRN_K8S_CACHE` says otherwise.
+const DEFAULT_K8S_CACHE: &str = "/var/cache/cairn-k8s/1.20.2";
+
+/// A process killed when dropped.
+pub struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -66,7 +114,7 @@ impl Drop for Envtest {
     }
 }
 
-fn shared_tools() -> PathBuf {
+pub fn shared_tools() -> PathBuf {
     match std::env::var_os("CAIRN_SHARED_TOOLS") {
         Some(dir) => PathBuf::from(dir),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools"),
@@ -74,12 +122,21 @@ fn shared_tools() -> PathBuf {
 }
 
 /// Polls `probe` until it yields a value, or panics naming `what` after [`WAIT`].
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    eventually_within(what, WAIT, probe).await
+}
+
+/// Polls `probe` until it yields a value, or panics naming `what` after `wait`.
+pub async fn eventually_within<T, F, Fut>(what: &str, wait: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + wait;
     loop {
         if let Some(value) = probe().await {
             return value;
@@ -92,7 +149,7 @@ where
     }
 }
 
-async fn install_crd(client: &Client) {
+pub async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.patch(
         "boundaries.cairn.dev",
@@ -115,7 +172,7 @@ async fn install_crd(client: &Client) {
     .await;
 }
 
-fn boundaries_raw(client: &Client) -> Api<DynamicObject> {
+pub fn boundaries_raw(client: &Client) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("cairn.dev", "v1alpha1", "Boundary");
     Api::namespaced_with(
         client.clone(),
@@ -124,7 +181,7 @@ fn boundaries_raw(client: &Client) -> Api<DynamicObject> {
     )
 }
 
-fn manifest(name: &str, spec: serde_json::Value) -> DynamicObject {
+pub fn manifest(name: &str, spec: serde_json::Value) -> DynamicObject {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "cairn.dev/v1alpha1",
         "kind": "Boundary",
@@ -132,6 +189,42 @@ fn manifest(name: &str, spec: serde_json::Value) -> DynamicObject {
         "spec": spec,
     }))
     .expect("manifest")
+}
+
+pub async fn create_namespace(client: &Client) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))
+                .expect("namespace"),
+        )
+        .await
+        .expect("create the namespace");
+}
+
+pub async fn discover(client: &Client) -> Context {
+    Context::discover(
+        client.clone(),
+        OperatorDefaults {
+            image: "cairn:test".into(),
+        },
+    )
+    .await
+    .expect("discover")
+}
+
+/// Deletes Boundary `name` and waits until it is gone (its finalizer has run).
+pub async fn delete_and_wait(boundaries: &Api<Boundary>, name: &str) {
+    boundaries
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete the Boundary");
+    eventually("the finalizer to run and the Boundary to go", || {
+        let boundaries = boundaries.clone();
+        async move { boundaries.get_opt(name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
 }
 
 fn owned_by(meta: &kube::api::ObjectMeta, boundary: &Boundary) -> bool {
@@ -148,15 +241,7 @@ async fn a_boundary_becomes_its_objects_on_a_real_api_server() {
     let envtest = Envtest::start();
     let client = envtest.client().await;
     install_crd(&client).await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))
-                .expect("namespace"),
-        )
-        .await
-        .expect("create the namespace");
+    create_namespace(&client).await;
 
     // The server itself refuses what the schema rules out.
     let raw = boundaries_raw(&client);
@@ -184,14 +269,7 @@ async fn a_boundary_becomes_its_objects_on_a_real_api_server() {
         );
     }
 
-    let context = Context::discover(
-        client.clone(),
-        OperatorDefaults {
-            image: "cairn:test".into(),
-        },
-    )
-    .await
-    .expect("discover");
+    let context = discover(&client).await;
     assert!(
         !context.pdb_v1,
         "Kubernetes 1.20 serves only policy/v1beta1"
@@ -367,22 +445,7 @@ async fn a_boundary_becomes_its_objects_on_a_real_api_server() {
 
     // Deleting the Boundary: the finalizer runs, then the garbage collector removes what it
     // owned.
-    boundaries
-        .delete("orders", &DeleteParams::default())
-        .await
-        .expect("delete");
-    eventually("the Boundary to go", || {
-        let boundaries = boundaries.clone();
-        async move {
-            boundaries
-                .get_opt("orders")
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
-        }
-    })
-    .await;
+    delete_and_wait(&boundaries, "orders").await;
     eventually("the garbage collector to remove the owned objects", || {
         let (sets, services, secrets) = (sets.clone(), services.clone(), secrets.clone());
         async move {

@@ -1,0 +1,214 @@
+//! The operator's side of Cairn's cluster API (`cairn.v1.Cluster` on each pod's peer port):
+//! asking the pods for their view, and sending a membership change to the leader. Pods are
+//! reached at their pod IP, which needs no cluster DNS from wherever the operator runs.
+
+use std::time::Duration;
+
+use cairn_proto::CLUSTER_SECRET_HEADER;
+use cairn_proto::cairn_v1 as pb;
+use cairn_proto::cairn_v1::cluster_client::ClusterClient;
+use futures::future::join_all;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Endpoint;
+
+use crate::build::PEER_PORT;
+use crate::membership::{Change, ClusterView, ViewMember};
+
+/// How long connecting to a pod may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Deadline of one call (a membership change waits for its commit).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a call to a pod failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The pod could not be reached.
+    #[error("failed to connect to {pod} ({address}): {source}")]
+    Connect {
+        /// The pod.
+        pod: String,
+        /// Where it was dialled.
+        address: String,
+        /// The transport error.
+        source: tonic::transport::Error,
+    },
+    /// The pod answered with an error.
+    #[error("{pod} refused {call}: {code:?}: {message}")]
+    Refused {
+        /// The pod.
+        pod: String,
+        /// The call.
+        call: String,
+        /// The gRPC code.
+        code: tonic::Code,
+        /// Its message.
+        message: String,
+    },
+    /// The cluster secret is not valid metadata.
+    #[error("the cluster secret is not valid gRPC metadata")]
+    Secret,
+}
+
+/// A pod of the Boundary with an IP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEndpoint {
+    /// Its ordinal in the StatefulSet.
+    pub ordinal: i32,
+    /// The pod's name.
+    pub pod: String,
+    /// Its IP (`status.podIP`).
+    pub ip: String,
+}
+
+impl PodEndpoint {
+    fn address(&self) -> String {
+        if self.ip.contains(':') {
+            format!("http://[{}]:{PEER_PORT}", self.ip)
+        } else {
+            format!("http://{}:{PEER_PORT}", self.ip)
+        }
+    }
+}
+
+/// What the pods said.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// The leader's view, when a pod that leads answered.
+    pub view: Option<ClusterView>,
+    /// The leading pod.
+    pub leader: Option<PodEndpoint>,
+    /// How many pods answered.
+    pub answered: usize,
+}
+
+/// The cluster API of one pod, authenticated with the cluster secret.
+pub struct Node {
+    pod: PodEndpoint,
+    client: ClusterClient<tonic::transport::Channel>,
+    secret: MetadataValue<tonic::metadata::Ascii>,
+}
+
+impl Node {
+    /// Connects to `pod`.
+    pub async fn connect(pod: &PodEndpoint, secret: &str) -> Result<Node, Error> {
+        let address = pod.address();
+        let connect_error = |source| Error::Connect {
+            pod: pod.pod.clone(),
+            address: address.clone(),
+            source,
+        };
+        let channel = Endpoint::from_shared(address.clone())
+            .map_err(connect_error)?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(CALL_TIMEOUT)
+            .connect()
+            .await
+            .map_err(connect_error)?;
+        Ok(Node {
+            pod: pod.clone(),
+            client: ClusterClient::new(channel),
+            secret: secret.parse().map_err(|_| Error::Secret)?,
+        })
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request
+            .metadata_mut()
+            .insert(CLUSTER_SECRET_HEADER, self.secret.clone());
+        request
+    }
+
+    fn refused(&self, call: &str, status: tonic::Status) -> Error {
+        Error::Refused {
+            pod: self.pod.pod.clone(),
+            call: call.into(),
+            code: status.code(),
+            message: status.message().into(),
+        }
+    }
+
+    /// The pod's view of the cluster.
+    pub async fn status(&mut self) -> Result<pb::StatusResponse, Error> {
+        let request = self.request(pb::StatusRequest {});
+        self.client
+            .status(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| self.refused("Status", s))
+    }
+
+    /// Carries out `change`; the pod should be the leader (a follower passes it on).
+    pub async fn change(&mut self, change: Change) -> Result<(), Error> {
+        let result = match change {
+            Change::Promote(node_id) => {
+                let request = self.request(pb::PromoteRequest { node_id });
+                self.client.promote(request).await.map(|_| ())
+            }
+            Change::Remove(node_id) => {
+                let request = self.request(pb::RemoveNodeRequest { node_id });
+                self.client.remove_node(request).await.map(|_| ())
+            }
+            Change::TransferLeader(node_id) => {
+                let request = self.request(pb::TransferLeaderRequest { node_id });
+                self.client.transfer_leader(request).await.map(|_| ())
+            }
+        };
+        result.map_err(|s| self.refused(&format!("{change:?}"), s))
+    }
+}
+
+/// Asks every pod for its view; the leader's (highest term, should two claim it) is the one
+/// membership decisions use. Pods that do not answer are logged and skipped.
+pub async fn observe(pods: &[PodEndpoint], secret: &str) -> Observed {
+    let answers = join_all(pods.iter().map(|pod| async move {
+        let mut node = Node::connect(pod, secret).await?;
+        node.status().await.map(|status| (pod.clone(), status))
+    }))
+    .await;
+    let mut answered = 0;
+    let mut leader: Option<(PodEndpoint, pb::StatusResponse)> = None;
+    for answer in answers {
+        match answer {
+            Ok((pod, status)) => {
+                answered += 1;
+                let leads = status.role == "leader"
+                    && leader.as_ref().is_none_or(|(_, l)| l.term < status.term);
+                if leads {
+                    leader = Some((pod, status));
+                }
+            }
+            Err(e) => tracing::debug!("no cluster status: {e}"),
+        }
+    }
+    let (leader, view) = match leader {
+        Some((pod, status)) => (Some(pod), Some(view(&status))),
+        None => (None, None),
+    };
+    Observed {
+        view,
+        leader,
+        answered,
+    }
+}
+
+/// The leader's Status as the membership plan reads it.
+pub fn view(status: &pb::StatusResponse) -> ClusterView {
+    ClusterView {
+        leader_id: status.node_id,
+        members: status
+            .members
+            .iter()
+            .map(|m| ViewMember {
+                node_id: m.node_id,
+                voter: m.voter,
+            })
+            .collect(),
+        last_log_index: status.last_log_index,
+        matched: status
+            .followers
+            .iter()
+            .map(|f| (f.node_id, f.matched_index))
+            .collect(),
+    }
+}

@@ -1,0 +1,303 @@
+//! The Helm chart on a real API server: `helm install`, the operator's RBAC checked verb by
+//! verb with `kubectl auth can-i --as` the chart's ServiceAccount, a whole reconcile run with
+//! that ServiceAccount's own token, `helm upgrade`, `helm uninstall`.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use cairn_operator::Boundary;
+use cairn_operator::controller::{self, Context};
+use cairn_operator::validate::OperatorDefaults;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::PostParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+
+use super::{
+    Envtest, NAMESPACE, boundaries_raw, create_namespace, delete_and_wait, eventually, manifest,
+    shared_tools,
+};
+
+const RELEASE_NAMESPACE: &str = "cairn-system";
+/// The chart's ServiceAccount for release `cairn`.
+const OPERATOR: &str = "system:serviceaccount:cairn-system:cairn";
+
+/// (verb, resource) the reconcile uses; the ServiceAccount must be allowed each.
+const NEEDED: &[(&str, &str)] = &[
+    ("get", "boundaries.cairn.dev"),
+    ("list", "boundaries.cairn.dev"),
+    ("watch", "boundaries.cairn.dev"),
+    ("patch", "boundaries.cairn.dev"),
+    ("patch", "boundaries.cairn.dev/status"),
+    ("update", "boundaries.cairn.dev/finalizers"),
+    ("get", "configmaps"),
+    ("create", "configmaps"),
+    ("patch", "configmaps"),
+    ("get", "services"),
+    ("patch", "services"),
+    ("get", "secrets"),
+    ("create", "secrets"),
+    ("list", "pods"),
+    ("list", "persistentvolumeclaims"),
+    ("delete", "persistentvolumeclaims"),
+    ("deletecollection", "persistentvolumeclaims"),
+    ("get", "statefulsets.apps"),
+    ("list", "statefulsets.apps"),
+    ("watch", "statefulsets.apps"),
+    ("patch", "statefulsets.apps"),
+    ("get", "poddisruptionbudgets.policy"),
+    ("patch", "poddisruptionbudgets.policy"),
+    // (ServiceMonitors too, but kubectl cannot ask about a resource the server does not
+    // serve, and this one has no Prometheus operator.)
+    ("create", "events.events.k8s.io"),
+];
+
+/// What it must not be able to do.
+const REFUSED: &[(&str, &str)] = &[
+    ("list", "secrets"),
+    ("update", "secrets"),
+    ("delete", "secrets"),
+    ("create", "pods"),
+    ("delete", "pods"),
+    ("patch", "pods"),
+    ("delete", "statefulsets.apps"),
+    ("delete", "boundaries.cairn.dev"),
+    ("delete", "configmaps"),
+    ("get", "nodes"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
+    ("impersonate", "serviceaccounts"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real kube-apiserver (../shared/tools/k8s-envtest) and Helm (../shared/tools/helm); run by .ci/run with --ignored"]
+async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
+    let envtest = Envtest::start();
+    let client = envtest.client().await;
+    let kubeconfig = envtest.kubeconfig();
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/cairn");
+    let chart = chart.to_str().expect("utf-8 path");
+
+    let installed = helm(
+        &kubeconfig,
+        &[
+            "install",
+            "cairn",
+            chart,
+            "-n",
+            RELEASE_NAMESPACE,
+            "--create-namespace",
+        ],
+    );
+    assert!(installed.contains("STATUS: deployed"), "{installed}");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually("the chart's CRD to be Established", || {
+        let crds = crds.clone();
+        async move {
+            crds.get("boundaries.cairn.dev")
+                .await
+                .ok()?
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        }
+    })
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    let deployment = deployments
+        .get("cairn")
+        .await
+        .expect("the operator Deployment");
+    let pod = deployment.spec.expect("spec").template.spec.expect("pod");
+    assert_eq!(pod.service_account_name.as_deref(), Some("cairn"));
+    assert_eq!(
+        pod.containers[0].args.as_deref(),
+        Some(&["run".to_string()][..])
+    );
+
+    // RBAC, as the API server decides it for the chart's ServiceAccount.
+    for (verb, resource) in NEEDED {
+        assert!(
+            can_i(&kubeconfig, verb, resource),
+            "the operator needs {verb} {resource}"
+        );
+    }
+    for (verb, resource) in REFUSED {
+        assert!(
+            !can_i(&kubeconfig, verb, resource),
+            "the operator must not {verb} {resource}"
+        );
+    }
+
+    // A whole reconcile with the ServiceAccount's own token: create, status, clean deletion.
+    let operator_client = service_account_client(&client, &envtest).await;
+    let context = Context::discover(
+        operator_client,
+        OperatorDefaults {
+            image: "cairn:test".into(),
+        },
+    )
+    .await
+    .expect("discover as the ServiceAccount");
+    let operator = tokio::spawn(controller::run(Arc::new(context), None));
+    create_namespace(&client).await;
+    boundaries_raw(&client)
+        .create(
+            &PostParams::default(),
+            &manifest(
+                "orders",
+                serde_json::json!({"replicas": 3, "volumeReclaimPolicy": "Delete"}),
+            ),
+        )
+        .await
+        .expect("create a Boundary");
+    let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
+    eventually("the status, written by the ServiceAccount", || {
+        let boundaries = boundaries.clone();
+        async move { boundaries.get("orders").await.ok()?.status?.phase }
+    })
+    .await;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
+    assert!(sets.get_opt("orders").await.expect("read").is_some());
+    delete_and_wait(&boundaries, "orders").await;
+    operator.abort();
+
+    // Upgrade: a changed value reaches the Deployment.
+    let upgraded = helm(
+        &kubeconfig,
+        &[
+            "upgrade",
+            "cairn",
+            chart,
+            "-n",
+            RELEASE_NAMESPACE,
+            "--set",
+            "operator.logLevel=debug",
+        ],
+    );
+    assert!(upgraded.contains("REVISION: 2"), "{upgraded}");
+    let deployment = deployments.get("cairn").await.expect("Deployment");
+    let env = deployment
+        .spec
+        .expect("spec")
+        .template
+        .spec
+        .expect("pod")
+        .containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        env.iter()
+            .any(|e| e.name == "CAIRN_OPERATOR_LOG" && e.value.as_deref() == Some("debug")),
+        "{env:?}"
+    );
+
+    // Uninstall: the operator and its RBAC go; the CRD (and so any Boundary) stays.
+    helm(
+        &kubeconfig,
+        &["uninstall", "cairn", "-n", RELEASE_NAMESPACE],
+    );
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    eventually("the release's objects to go", || {
+        let (deployments, roles, accounts) = (deployments.clone(), roles.clone(), accounts.clone());
+        async move {
+            let gone = deployments.get_opt("cairn").await.ok()?.is_none()
+                && roles.get_opt("cairn").await.ok()?.is_none()
+                && accounts.get_opt("cairn").await.ok()?.is_none();
+            gone.then_some(())
+        }
+    })
+    .await;
+    assert!(
+        crds.get_opt("boundaries.cairn.dev")
+            .await
+            .expect("read")
+            .is_some(),
+        "Helm leaves CRDs in place"
+    );
+}
+
+fn helm(kubeconfig: &Path, args: &[&str]) -> String {
+    let output = Command::new(shared_tools().join("helm"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("run helm");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "helm {args:?} failed:\n{text}");
+    text
+}
+
+/// `kubectl auth can-i VERB RESOURCE -n shop --as OPERATOR` (the kubectl Helm's tool ships).
+fn can_i(kubeconfig: &Path, verb: &str, resource: &str) -> bool {
+    let output = Command::new(shared_tools().join("helm"))
+        .args(["--kubectl", "auth", "can-i", verb, resource])
+        .args(["-n", NAMESPACE, "--as", OPERATOR])
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("run kubectl");
+    let answer = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    match answer.as_str() {
+        "yes" => true,
+        "no" => false,
+        other => panic!(
+            "kubectl auth can-i {verb} {resource}: {other:?} {}",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    }
+}
+
+/// A client authenticated as the chart's ServiceAccount, with the token Kubernetes 1.20's
+/// token controller put in its Secret.
+async fn service_account_client(admin: &Client, envtest: &Envtest) -> Client {
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), RELEASE_NAMESPACE);
+    let secret_name = eventually("the ServiceAccount's token Secret", || {
+        let accounts = accounts.clone();
+        async move {
+            accounts
+                .get("cairn")
+                .await
+                .ok()?
+                .secrets?
+                .first()?
+                .name
+                .clone()
+        }
+    })
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), RELEASE_NAMESPACE);
+    let token = eventually("the token", || {
+        let (secrets, secret_name) = (secrets.clone(), secret_name.clone());
+        async move {
+            let bytes = secrets
+                .get(&secret_name)
+                .await
+                .ok()?
+                .data?
+                .remove("token")?;
+            String::from_utf8(bytes.0).ok()
+        }
+    })
+    .await;
+    let mut kubeconfig = Kubeconfig::read_from(envtest.kubeconfig()).expect("kubeconfig");
+    for user in &mut kubeconfig.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.token = Some(token.clone().into());
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}

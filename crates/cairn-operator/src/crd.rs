@@ -65,7 +65,8 @@ pub struct BoundarySpec {
     pub resources: Option<ResourceRequirements>,
 
     /// Retries by event id are idempotent (a write whose event ids all belong to one earlier
-    /// identical write returns that write's result). Set at creation; cannot change.
+    /// identical write returns that write's result). Set at creation; cannot change. Not
+    /// supported by this Cairn release yet: `true` is refused (the spec is not applied).
     #[serde(default)]
     pub idempotent_event_ids: bool,
 
@@ -74,7 +75,8 @@ pub struct BoundarySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_secret_ref: Option<SecretRef>,
 
-    /// TLS on the client port.
+    /// TLS on the client port. Not supported by this Cairn release yet: a spec with it is
+    /// refused (not applied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
 
@@ -100,8 +102,8 @@ fn default_replicas() -> i32 {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
-    /// Volume size, a Kubernetes quantity (`10Gi`). May grow where the storage class allows
-    /// expansion; never shrink.
+    /// Volume size, a Kubernetes quantity (`10Gi`). Fixed once the volumes exist: they never
+    /// shrink, and growing them is not supported yet (a change is refused, not applied).
     #[serde(default = "default_storage_size")]
     pub size: String,
 

@@ -22,7 +22,12 @@ struct Cli {
 enum Command {
     /// Print the Boundary CustomResourceDefinition as YAML (what deploy/crds/ holds):
     /// `cairn-operator crd | kubectl apply -f -`.
-    Crd,
+    Crd {
+        /// Print the field reference generated from the CRD's schema instead, as Markdown
+        /// (what docs/boundary-reference.md holds).
+        #[arg(long)]
+        markdown: bool,
+    },
     /// Reconcile Boundaries against the cluster of the usual kube config (in-cluster, or
     /// `KUBECONFIG` / ~/.kube/config). Run one replica: leader election is not built yet.
     Run(RunArgs),
@@ -45,7 +50,8 @@ struct RunArgs {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Crd => print!("{}", cairn_operator::crd_yaml()?),
+        Command::Crd { markdown: false } => print!("{}", cairn_operator::crd_yaml()?),
+        Command::Crd { markdown: true } => print!("{}", cairn_operator::reference::markdown()),
         Command::Run(args) => run(args)?,
     }
     Ok(())

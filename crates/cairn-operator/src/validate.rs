@@ -246,16 +246,27 @@ pub fn validate(
             ));
         }
         // A size the operator wrote itself always parses; compare only when it does.
-        if let Some(current) = quantity_bytes(&deployed.storage_size)
-            && size < current
-        {
-            return Err(invalid(
-                InvalidReason::StorageShrink,
-                format!(
-                    "storage.size {} is smaller than the volumes' {}: volumes cannot shrink",
-                    spec.storage.size, deployed.storage_size
-                ),
-            ));
+        if let Some(current) = quantity_bytes(&deployed.storage_size) {
+            if size < current {
+                return Err(invalid(
+                    InvalidReason::StorageShrink,
+                    format!(
+                        "storage.size {} is smaller than the volumes' {}: volumes cannot shrink",
+                        spec.storage.size, deployed.storage_size
+                    ),
+                ));
+            }
+            // A StatefulSet's claim template is immutable: growing means resizing each claim,
+            // which the operator does not do yet. Refused whole rather than half-applied.
+            if size > current {
+                return Err(invalid(
+                    InvalidReason::Unsupported,
+                    format!(
+                        "storage.size {} is larger than the volumes' {}: growing volumes is not supported yet; set it back to {}",
+                        spec.storage.size, deployed.storage_size, deployed.storage_size
+                    ),
+                ));
+            }
         }
     }
 
@@ -432,7 +443,7 @@ mod tests {
     }
 
     #[test]
-    fn storage_may_grow_but_never_shrink_or_change_class() {
+    fn storage_never_changes_size_or_class_once_the_volumes_exist() {
         let observed = Observed {
             deployed: Some(deployed()),
             ..Observed::default()
@@ -449,9 +460,21 @@ mod tests {
             reason("storage: {size: lots}", &observed),
             InvalidReason::InvalidStorageSize
         );
-        let grown = validate(&boundary("storage: {size: 20Gi}"), &observed, &defaults())
-            .expect("growing is fine");
-        assert_eq!(grown.storage_size, "20Gi");
+        let refused = validate(&boundary("storage: {size: 20Gi}"), &observed, &defaults())
+            .expect_err("growing is not built");
+        assert_eq!(refused.reason, InvalidReason::Unsupported);
+        assert!(
+            refused.message.contains("set it back to 10Gi"),
+            "{}",
+            refused.message
+        );
+        let same = validate(
+            &boundary("storage: {size: 10240Mi}"),
+            &observed,
+            &defaults(),
+        )
+        .expect("the same size, spelled otherwise");
+        assert_eq!(same.storage_size, "10240Mi");
         // 10G (decimal) is less than 10Gi (binary).
         assert_eq!(
             reason("storage: {size: 10G}", &observed),

@@ -124,6 +124,7 @@ async fn expect_no_more(handle: &mut ApiHandle) {
 
 const NS: &str = "/api/v1/namespaces/shop";
 const APPS: &str = "/apis/apps/v1/namespaces/shop";
+const STATUS: &str = "/apis/cairn.dev/v1alpha1/namespaces/shop/boundaries/orders/status";
 
 /// Dereference of a Boundary nothing was applied for yet.
 async fn dereference_nothing(handle: &mut ApiHandle) {
@@ -190,13 +191,7 @@ async fn a_new_boundary_is_read_then_applied_in_order_and_its_status_written() {
     )
     .await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
-    let status = expect(
-        &mut handle,
-        "PATCH",
-        "/apis/cairn.dev/v1alpha1/namespaces/shop/boundaries/orders/status",
-        stored_boundary,
-    )
-    .await;
+    let status = expect(&mut handle, "PATCH", STATUS, stored_boundary).await;
     assert_eq!(status["status"]["phase"], "Provisioning");
     assert_eq!(status["status"]["observedGeneration"], 1);
 
@@ -243,13 +238,7 @@ async fn a_server_without_policy_v1_gets_its_budget_as_v1beta1() {
     .await;
     assert_eq!(pdb["apiVersion"], "policy/v1beta1");
     assert_eq!(pdb["spec"]["maxUnavailable"], 2);
-    expect(
-        &mut handle,
-        "PATCH",
-        "/apis/cairn.dev/v1alpha1/namespaces/shop/boundaries/orders/status",
-        stored_boundary,
-    )
-    .await;
+    expect(&mut handle, "PATCH", STATUS, stored_boundary).await;
     reconcile.await.expect("task").expect("reconciled");
 }
 
@@ -320,13 +309,7 @@ async fn an_invalid_spec_is_reported_and_nothing_is_applied() {
     .await;
     assert_eq!(event["type"], "Warning");
     assert_eq!(event["reason"], "UnsupportedReplicas");
-    let status = expect(
-        &mut handle,
-        "PATCH",
-        "/apis/cairn.dev/v1alpha1/namespaces/shop/boundaries/orders/status",
-        stored_boundary,
-    )
-    .await;
+    let status = expect(&mut handle, "PATCH", STATUS, stored_boundary).await;
     assert_eq!(status["status"]["phase"], "Pending");
     let action = reconcile.await.expect("task").expect("reported");
     assert_eq!(action, Action::await_change());

@@ -32,7 +32,7 @@ echo "-- rendered manifests validate against Kubernetes 1.33 (strict)"
 
 echo "-- values.schema.json rejects bad values"
 for bad in "operator.logLevel=loud" "boundaries[0].name=Orders" "boundaries[0].spec.replicas=4" \
-           "operator.image.pullPolicy=Sometimes" "unknownValue=1"; do
+           "operator.image.pullPolicy=Sometimes" "operator.replicas=0" "unknownValue=1"; do
   if "$tools/helm" template cairn charts/cairn --set "$bad" >/dev/null 2>&1; then
     echo "values.schema.json accepted --set $bad" >&2
     exit 1

@@ -48,6 +48,10 @@ pub const FIELD_MANAGER: &str = "cairn-operator";
 pub const NAME_LABEL: &str = "app.kubernetes.io/name";
 /// The label naming the Boundary an object belongs to.
 pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// Annotation on the StatefulSet: the size the claims were asked to have. Its claim template
+/// keeps the size the volumes were created with (Kubernetes forbids changing it), so this is
+/// where a grown size is remembered (and what a later shrink is checked against).
+pub const VOLUME_SIZE_ANNOTATION: &str = "cairn.dev/volume-size";
 /// The label naming an object's part of the Boundary.
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 
@@ -527,8 +531,13 @@ fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities, pods: i32) ->
         }]),
         ..PodSpec::default()
     };
+    let mut set_metadata = metadata(valid, valid.name.clone(), "node");
+    set_metadata.annotations = Some(BTreeMap::from([(
+        VOLUME_SIZE_ANNOTATION.to_string(),
+        valid.volume_size.clone(),
+    )]));
     StatefulSet {
-        metadata: metadata(valid, valid.name.clone(), "node"),
+        metadata: set_metadata,
         spec: Some(StatefulSetSpec {
             replicas: Some(pods),
             service_name: Some(peer_service_name(&valid.name)),
@@ -606,6 +615,7 @@ mod tests {
             initial_replicas: replicas,
             image: "cairn:test".into(),
             storage_size: "10Gi".into(),
+            volume_size: "10Gi".into(),
             storage_class_name: None,
             resources: None,
             admin_secret: "orders-admin".into(),
@@ -773,6 +783,16 @@ mod tests {
                 .and_then(|r| r.requests.as_ref())
                 .map(|r| r["storage"].0.as_str()),
             Some("10Gi")
+        );
+        assert_eq!(
+            objects
+                .stateful_set
+                .metadata
+                .annotations
+                .as_ref()
+                .map(|a| a[VOLUME_SIZE_ANNOTATION].as_str()),
+            Some("10Gi"),
+            "the size the claims should have, read back by the next reconcile"
         );
 
         let pod = pod_spec(&objects);

@@ -2,6 +2,7 @@
 //! the operator can see. Only this module talks to the API server; the steps between are the
 //! pure functions of [`crate::validate`], [`crate::build`] and [`crate::status`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -27,7 +29,8 @@ use crate::build::{self, Capabilities, FIELD_MANAGER, Generated, Objects};
 use crate::cluster_api::{self, PodEndpoint};
 use crate::crd::{Boundary, BoundaryStatus, Member, VolumeReclaimPolicy};
 use crate::membership::{self, Change, ClusterView};
-use crate::status::{self, ClusterSummary, Observation};
+use crate::metrics::Metrics;
+use crate::status::{self, ClusterSummary, Observation, Volumes};
 use crate::validate::{self, Deployed, Invalid, Observed, OperatorDefaults, SecretState};
 
 /// Removes what owner references do not: the volumes, when the policy says so.
@@ -122,11 +125,17 @@ pub struct Context {
     pub pdb_v1: bool,
     /// Publishes Events on Boundaries.
     pub recorder: Recorder,
+    /// Reconcile counts, errors and durations.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Context {
     /// Learns what the API server offers.
-    pub async fn discover(client: Client, defaults: OperatorDefaults) -> Result<Context, Error> {
+    pub async fn discover(
+        client: Client,
+        defaults: OperatorDefaults,
+        metrics: Arc<Metrics>,
+    ) -> Result<Context, Error> {
         let version = client
             .apiserver_version()
             .await
@@ -168,13 +177,19 @@ impl Context {
             capabilities,
             pdb_v1,
             recorder,
+            metrics,
         })
     }
 }
 
-/// Runs the controller until the process is stopped: every Boundary in `namespace` (all
-/// namespaces when `None`) and every StatefulSet it owns trigger reconciles.
-pub async fn run(context: Arc<Context>, namespace: Option<String>) {
+/// Runs the controller until `shutdown` completes (reconciles under way finish first): every
+/// Boundary in `namespace` (all namespaces when `None`) and every StatefulSet it owns
+/// trigger reconciles.
+pub async fn run(
+    context: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = context.client.clone();
     let (boundaries, sets): (Api<Boundary>, Api<StatefulSet>) = match &namespace {
         Some(ns) => (
@@ -185,8 +200,8 @@ pub async fn run(context: Arc<Context>, namespace: Option<String>) {
     };
     Controller::new(boundaries, watcher::Config::default())
         .owns(sets, watcher::Config::default())
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, context)
+        .graceful_shutdown_on(shutdown)
+        .run(measured_reconcile, error_policy, context)
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => tracing::debug!(boundary = %object, "reconciled"),
@@ -205,6 +220,17 @@ fn error_policy(boundary: Arc<Boundary>, error: &Error, _: Arc<Context>) -> Acti
         RETRY.as_secs()
     );
     Action::requeue(RETRY)
+}
+
+/// [`reconcile`], counted and timed.
+async fn measured_reconcile(
+    boundary: Arc<Boundary>,
+    context: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile(boundary, context.clone()).await;
+    context.metrics.reconciled(started, &result);
+    result
 }
 
 /// One reconcile of one Boundary.
@@ -260,8 +286,40 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
     if plan.settled {
         remove_surplus_claims(&name, &namespace, client, valid.replicas, &running).await?;
     }
+    // Claims are looked at only once storage.size has outgrown the template's size: a
+    // Boundary that never grew costs no extra request.
+    let grown = observed.deployed.as_ref().is_some_and(|deployed| {
+        validate::quantity_bytes(&valid.volume_size)
+            > validate::quantity_bytes(&deployed.storage_size)
+    });
+    let volumes = if grown {
+        grow_volumes(&name, &namespace, client, &valid.volume_size).await?
+    } else {
+        Volumes::default()
+    };
+    if let Some(refused) = &volumes.refused {
+        let already_said = boundary.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Degraded" && c.reason == "VolumeResizeRefused")
+        });
+        if !already_said {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "VolumeResizeRefused".into(),
+                note: Some(format!(
+                    "the volumes cannot grow to {}: {refused}",
+                    valid.volume_size
+                )),
+                action: "GrowVolumes".into(),
+                secondary: None,
+            };
+            publish(context, boundary, &event).await;
+        }
+    }
     let observation = Observation {
         cluster: summary(&name, &running.cluster, plan.settled),
+        volumes,
         ..observe(Some(&set), valid.replicas)
     };
     let status = status::compute(
@@ -498,6 +556,84 @@ async fn remove_surplus_claims(
     Ok(())
 }
 
+/// Asks every claim of Boundary `name` smaller than `wanted` to grow to it (the claim
+/// template cannot change, so each claim is patched; the storage driver and the kubelet do
+/// the resize), and reports how many are still growing. A refusal by the API server (the
+/// storage class does not allow expansion, or the claim is not bound) is reported, not
+/// retried as an error: it needs a change by the user.
+async fn grow_volumes(
+    name: &str,
+    namespace: &str,
+    client: &Client,
+    wanted: &str,
+) -> Result<Volumes, Error> {
+    let mut volumes = Volumes {
+        wanted: wanted.to_string(),
+        ..Volumes::default()
+    };
+    let Some(wanted_bytes) = validate::quantity_bytes(wanted) else {
+        return Ok(volumes);
+    };
+    let storage = |resources: Option<&BTreeMap<String, Quantity>>| {
+        resources
+            .and_then(|r| r.get("storage"))
+            .and_then(|q| validate::quantity_bytes(&q.0))
+    };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let listed = claims
+        .list(&ListParams::default().labels(&selector(name)))
+        .await
+        .map_err(|source| Error::Read {
+            what: format!("the volumes of {name}"),
+            source,
+        })?;
+    for claim in listed.items {
+        let Some(claim_name) = claim.metadata.name.clone() else {
+            continue;
+        };
+        if claim.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let requested = storage(
+            claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref()),
+        );
+        if requested.is_some_and(|r| r < wanted_bytes) {
+            let patch = serde_json::json!({
+                "spec": {"resources": {"requests": {"storage": wanted}}}
+            });
+            match claims
+                .patch(&claim_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(boundary = %name, %namespace, claim = %claim_name, "asked the volume to grow to {wanted}");
+                }
+                Err(kube::Error::Api(status)) if matches!(status.code, 403 | 422) => {
+                    tracing::warn!(boundary = %name, %namespace, claim = %claim_name, "the API server refused to grow the volume to {wanted}: {}", status.message);
+                    volumes.refused = Some(format!("{claim_name}: {}", status.message));
+                    continue;
+                }
+                Err(source) => {
+                    return Err(Error::Apply {
+                        what: format!("the size of PersistentVolumeClaim {claim_name}"),
+                        source,
+                    });
+                }
+            }
+        }
+        // Capacity is what the volume has; a claim not yet bound has none to compare.
+        let capacity = storage(claim.status.as_ref().and_then(|s| s.capacity.as_ref()));
+        if capacity.is_some_and(|c| c < wanted_bytes) {
+            volumes.growing += 1;
+        }
+    }
+    Ok(volumes)
+}
+
 fn selector(name: &str) -> String {
     build::selector_labels(name)
         .iter()
@@ -528,6 +664,12 @@ fn deployed(config: Option<&ConfigMap>, set: Option<&StatefulSet>) -> Option<Dep
             .get("storage")?
             .0
             .clone(),
+        volume_size: set?
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(build::VOLUME_SIZE_ANNOTATION))
+            .cloned(),
         storage_class_name: claim.storage_class_name.clone(),
     })
 }
@@ -545,6 +687,7 @@ fn observe(set: Option<&StatefulSet>, replicas: i32) -> Observation {
                 && s.updated_replicas.unwrap_or(0) >= replicas
         }),
         cluster: ClusterSummary::default(),
+        volumes: Volumes::default(),
     }
 }
 
@@ -803,6 +946,7 @@ mod tests {
             initial_replicas: 3,
             image: "cairn:test".into(),
             storage_size: "20Gi".into(),
+            volume_size: "30Gi".into(),
             storage_class_name: Some("fast".into()),
             resources: None,
             admin_secret: "orders-admin".into(),
@@ -832,6 +976,7 @@ mod tests {
                 initial_replicas: 3,
                 boundary_name: "orders".into(),
                 storage_size: "20Gi".into(),
+                volume_size: Some("30Gi".into()),
                 storage_class_name: Some("fast".into()),
             }
         );

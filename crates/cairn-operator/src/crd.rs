@@ -102,8 +102,8 @@ fn default_replicas() -> i32 {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
-    /// Volume size, a Kubernetes quantity (`10Gi`). Fixed once the volumes exist: they never
-    /// shrink, and growing them is not supported yet (a change is refused, not applied).
+    /// Volume size, a Kubernetes quantity (`10Gi`). It may grow: each node's claim is
+    /// resized (the storage class must allow expansion); it never shrinks (refused).
     #[serde(default = "default_storage_size")]
     pub size: String,
 

@@ -13,8 +13,11 @@ pub mod build;
 pub mod cluster_api;
 pub mod controller;
 pub mod crd;
+pub mod leader;
 pub mod membership;
+pub mod metrics;
 pub mod reference;
+pub mod serve;
 pub mod status;
 pub mod validate;
 

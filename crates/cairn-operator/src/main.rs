@@ -1,11 +1,14 @@
 //! `cairn-operator`: the Kubernetes operator for Cairn.
 
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context as _;
-use cairn_operator::controller::{self, Context};
+use cairn_operator::leader::LeaseConfig;
+use cairn_operator::serve::{self, RunOptions};
 use cairn_operator::validate::OperatorDefaults;
-use clap::{Parser, Subcommand};
+use clap::{ArgAction, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
 
 /// The image of Boundaries that do not name one: the Cairn release this operator ships with.
 const DEFAULT_CAIRN_IMAGE: &str = concat!("ghcr.io/cairn-db/cairn:", env!("CARGO_PKG_VERSION"));
@@ -29,7 +32,8 @@ enum Command {
         markdown: bool,
     },
     /// Reconcile Boundaries against the cluster of the usual kube config (in-cluster, or
-    /// `KUBECONFIG` / ~/.kube/config). Run one replica: leader election is not built yet.
+    /// `KUBECONFIG` / ~/.kube/config). Several replicas may run: they elect a leader on a
+    /// Lease and only the leader reconciles.
     Run(RunArgs),
 }
 
@@ -46,6 +50,70 @@ struct RunArgs {
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, env = "CAIRN_OPERATOR_LOG", default_value = "info")]
     log: tracing::Level,
+
+    /// Where `/healthz` and `/metrics` are served.
+    #[arg(long, env = "CAIRN_OPERATOR_HTTP_LISTEN", default_value = DEFAULT_HTTP_LISTEN)]
+    http_listen: SocketAddr,
+
+    /// Elect a leader among the operator's replicas on a coordination.k8s.io Lease; only
+    /// the leader reconciles. `false` only when exactly one replica can ever run.
+    #[arg(long, env = "CAIRN_OPERATOR_LEADER_ELECT", default_value_t = true, action = ArgAction::Set)]
+    leader_elect: bool,
+
+    /// Name of the leader Lease.
+    #[arg(long, env = "CAIRN_OPERATOR_LEASE_NAME", default_value = DEFAULT_LEASE_NAME)]
+    lease_name: String,
+
+    /// Namespace of the leader Lease: the operator's own (`POD_NAMESPACE`, which the chart
+    /// sets), else the kube config's default namespace.
+    #[arg(long, env = "CAIRN_OPERATOR_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+
+    /// This replica's name in the Lease: the pod's name (`POD_NAME`, which the chart sets),
+    /// else the host name with a random suffix.
+    #[arg(long, env = "CAIRN_OPERATOR_IDENTITY")]
+    identity: Option<String>,
+
+    /// How long the Lease holds without renewal: a standby takes over this long after the
+    /// leader stopped renewing (at once when the leader released it on shutdown).
+    #[arg(long, env = "CAIRN_OPERATOR_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    lease_duration: Duration,
+
+    /// How long the leader keeps failing to renew before it stops (and exits to be
+    /// restarted); below the lease duration.
+    #[arg(long, env = "CAIRN_OPERATOR_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    renew_deadline: Duration,
+
+    /// How often the leader renews and standbys try to acquire; below the renew deadline.
+    #[arg(long, env = "CAIRN_OPERATOR_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    retry_period: Duration,
+}
+
+/// The HTTP side port (the same port a Cairn node serves its metrics on).
+const DEFAULT_HTTP_LISTEN: &str = "0.0.0.0:9464";
+/// The leader Lease's name unless the chart names it after the release.
+const DEFAULT_LEASE_NAME: &str = "cairn-operator";
+
+/// `15s`, `500ms`, `2m`, or plain seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (say 15s, 500ms or 2m)"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("{text:?} is not a duration (say 15s, 500ms or 2m)"));
+    }
+    Ok(Duration::from_secs_f64(value * scale))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -67,19 +135,91 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("failed to read the kube config")?;
-        let context = Context::discover(
-            client,
-            OperatorDefaults {
+        let election = if args.leader_elect {
+            let config = LeaseConfig {
+                name: args.lease_name,
+                namespace: args
+                    .lease_namespace
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .unwrap_or_else(|| client.default_namespace().to_string()),
+                identity: args.identity.unwrap_or_else(default_identity),
+                lease_duration: args.lease_duration,
+                renew_deadline: args.renew_deadline,
+                retry_period: args.retry_period,
+            };
+            Some(config.validate()?)
+        } else {
+            None
+        };
+        let options = RunOptions {
+            defaults: OperatorDefaults {
                 image: args.cairn_image,
             },
-        )
-        .await
-        .context("failed to reach the API server")?;
-        tracing::info!(
-            namespace = args.namespace.as_deref().unwrap_or("(all)"),
-            "reconciling Boundaries"
-        );
-        controller::run(Arc::new(context), args.namespace).await;
+            namespace: args.namespace,
+            election,
+        };
+        let listener = serve::bind(args.http_listen).await?;
+        tracing::info!(http = %args.http_listen, "serving /healthz and /metrics");
+        let shutdown = CancellationToken::new();
+        tokio::spawn(stop_on_signal(shutdown.clone()));
+        serve::run(client, options, listener, shutdown).await?;
         Ok(())
     })
+}
+
+/// The pod's name, or (outside Kubernetes) the host's with a random suffix, so two
+/// processes on one machine never share an identity.
+fn default_identity() -> String {
+    if let Ok(pod) = std::env::var("POD_NAME") {
+        return pod;
+    }
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "cairn-operator".into());
+    let suffix: u32 = rand::random();
+    format!("{host}-{suffix:08x}")
+}
+
+/// Cancels `shutdown` on SIGTERM (what Kubernetes sends) or Ctrl-C.
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("failed to listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("stopping: finishing reconciles under way, releasing the Lease");
+    shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
 }

@@ -19,6 +19,21 @@ pub struct Observation {
     pub rolled_out: bool,
     /// What the pods said of the Raft group.
     pub cluster: ClusterSummary,
+    /// The volumes' growth, when `storage.size` grew.
+    pub volumes: Volumes,
+}
+
+/// The claims of a Boundary against the size `storage.size` asks for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Volumes {
+    /// The size asked for.
+    pub wanted: String,
+    /// Claims asked to grow whose capacity has not reached it yet (the storage driver and
+    /// the kubelet resize them).
+    pub growing: usize,
+    /// Why the API server refused to grow a claim (typically: its storage class does not
+    /// allow expansion).
+    pub refused: Option<String>,
 }
 
 /// The Raft group as the operator saw it.
@@ -98,11 +113,20 @@ pub fn compute(
             ),
         ),
     };
+    let growing = observation.map_or(0, |o| o.volumes.growing);
     let progressing: (&str, String, String) = match (invalid, phase) {
         (Some(_), _) => (
             "False",
             "SpecInvalid".into(),
             "the spec was refused; fix it to continue".to_string(),
+        ),
+        (None, _) if growing > 0 => (
+            "True",
+            "VolumesGrowing".into(),
+            format!(
+                "{growing} volume(s) growing to {}",
+                observation.map_or("", |o| o.volumes.wanted.as_str())
+            ),
         ),
         (None, Phase::Active) => (
             "False",
@@ -134,7 +158,17 @@ pub fn compute(
             format!("{} of {wanted} nodes are not ready", wanted - ready),
         ),
         (None, Phase::Failed) => ("True", "NoLeader".to_string(), no_leader(observation)),
-        (None, _) => ("False", "AsExpected".to_string(), String::new()),
+        (None, _) => match observation.and_then(|o| o.volumes.refused.as_ref()) {
+            Some(refused) => (
+                "True",
+                "VolumeResizeRefused".to_string(),
+                format!(
+                    "the volumes cannot grow to {}: {refused}",
+                    observation.map_or("", |o| o.volumes.wanted.as_str())
+                ),
+            ),
+            None => ("False", "AsExpected".to_string(), String::new()),
+        },
     };
 
     let previous_conditions = previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]);
@@ -183,6 +217,46 @@ mod tests {
     use super::*;
     use crate::validate::InvalidReason;
 
+    #[test]
+    fn growing_volumes_show_as_progress_and_a_refusal_as_degraded() {
+        let mut growing = running(3, 3);
+        growing.volumes = Volumes {
+            wanted: "20Gi".into(),
+            growing: 2,
+            refused: None,
+        };
+        let status = compute("orders", "shop", Some(2), Ok(&growing), None, at(10));
+        assert_eq!(
+            status.phase,
+            Some(Phase::Active),
+            "the nodes serve meanwhile"
+        );
+        let progressing = &status.conditions[1];
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("True", "VolumesGrowing")
+        );
+        assert_eq!(progressing.message, "2 volume(s) growing to 20Gi");
+
+        let mut refused = running(3, 3);
+        refused.volumes = Volumes {
+            wanted: "20Gi".into(),
+            growing: 0,
+            refused: Some("storage class standard does not allow expansion".into()),
+        };
+        let status = compute("orders", "shop", Some(2), Ok(&refused), None, at(10));
+        let degraded = &status.conditions[2];
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "VolumeResizeRefused")
+        );
+        assert!(
+            degraded.message.contains("cannot grow to 20Gi"),
+            "{}",
+            degraded.message
+        );
+    }
+
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).expect("timestamp")
     }
@@ -204,6 +278,7 @@ mod tests {
                 settled: true,
                 answered: ready as usize,
             },
+            volumes: Volumes::default(),
         }
     }
 

@@ -40,10 +40,21 @@ pub struct Deployed {
     pub initial_replicas: i32,
     /// The boundary the cluster serves.
     pub boundary_name: String,
-    /// The volume size in the StatefulSet's claim template.
+    /// The volume size in the StatefulSet's claim template (immutable: the size the
+    /// cluster was created with).
     pub storage_size: String,
+    /// The size the claims were last asked to grow to (the StatefulSet's
+    /// `cairn.dev/volume-size` annotation), when it differs from the template's.
+    pub volume_size: Option<String>,
     /// The storage class in the claim template.
     pub storage_class_name: Option<String>,
+}
+
+impl Deployed {
+    /// The size the volumes have or are growing to.
+    pub fn current_volume_size(&self) -> &str {
+        self.volume_size.as_deref().unwrap_or(&self.storage_size)
+    }
 }
 
 /// Settings that come from the operator rather than the resource.
@@ -70,8 +81,13 @@ pub struct ValidBoundary {
     pub initial_replicas: i32,
     /// Container image.
     pub image: String,
-    /// Volume size (a Kubernetes quantity).
+    /// Volume size in the claim template (a Kubernetes quantity): the size new volumes are
+    /// created with; once the StatefulSet exists, the size it was created with (the
+    /// template cannot change).
     pub storage_size: String,
+    /// The size every volume should have (`storage.size`); above `storage_size` once the
+    /// volumes were grown, and then each claim is resized to it.
+    pub volume_size: String,
     /// Storage class.
     pub storage_class_name: Option<String>,
     /// Container resources.
@@ -222,8 +238,11 @@ pub fn validate(
     }
 
     let mut initial_replicas = spec.replicas;
+    // The claim template is immutable: once it exists, growing happens claim by claim.
+    let mut template_size = spec.storage.size.clone();
     if let Some(deployed) = &observed.deployed {
         initial_replicas = deployed.initial_replicas;
+        template_size = deployed.storage_size.clone();
         if deployed.boundary_name != boundary_name {
             return Err(invalid(
                 InvalidReason::ImmutableField,
@@ -246,27 +265,17 @@ pub fn validate(
             ));
         }
         // A size the operator wrote itself always parses; compare only when it does.
-        if let Some(current) = quantity_bytes(&deployed.storage_size) {
-            if size < current {
-                return Err(invalid(
-                    InvalidReason::StorageShrink,
-                    format!(
-                        "storage.size {} is smaller than the volumes' {}: volumes cannot shrink",
-                        spec.storage.size, deployed.storage_size
-                    ),
-                ));
-            }
-            // A StatefulSet's claim template is immutable: growing means resizing each claim,
-            // which the operator does not do yet. Refused whole rather than half-applied.
-            if size > current {
-                return Err(invalid(
-                    InvalidReason::Unsupported,
-                    format!(
-                        "storage.size {} is larger than the volumes' {}: growing volumes is not supported yet; set it back to {}",
-                        spec.storage.size, deployed.storage_size, deployed.storage_size
-                    ),
-                ));
-            }
+        let current = deployed.current_volume_size();
+        if let Some(current_bytes) = quantity_bytes(current)
+            && size < current_bytes
+        {
+            return Err(invalid(
+                InvalidReason::StorageShrink,
+                format!(
+                    "storage.size {} is smaller than the volumes' {current}: volumes cannot shrink",
+                    spec.storage.size
+                ),
+            ));
         }
     }
 
@@ -310,7 +319,8 @@ pub fn validate(
         replicas: spec.replicas,
         initial_replicas,
         image: spec.image.clone().unwrap_or_else(|| defaults.image.clone()),
-        storage_size: spec.storage.size.clone(),
+        storage_size: template_size,
+        volume_size: spec.storage.size.clone(),
         storage_class_name: spec.storage.storage_class_name.clone(),
         resources: spec.resources.clone(),
         admin_secret,
@@ -394,6 +404,7 @@ mod tests {
             initial_replicas: 3,
             boundary_name: "orders_eu".into(),
             storage_size: "10Gi".into(),
+            volume_size: None,
             storage_class_name: None,
         }
     }
@@ -443,7 +454,7 @@ mod tests {
     }
 
     #[test]
-    fn storage_never_changes_size_or_class_once_the_volumes_exist() {
+    fn volumes_grow_but_never_shrink_or_change_class() {
         let observed = Observed {
             deployed: Some(deployed()),
             ..Observed::default()
@@ -460,26 +471,53 @@ mod tests {
             reason("storage: {size: lots}", &observed),
             InvalidReason::InvalidStorageSize
         );
-        let refused = validate(&boundary("storage: {size: 20Gi}"), &observed, &defaults())
-            .expect_err("growing is not built");
-        assert_eq!(refused.reason, InvalidReason::Unsupported);
-        assert!(
-            refused.message.contains("set it back to 10Gi"),
-            "{}",
-            refused.message
-        );
         let same = validate(
             &boundary("storage: {size: 10240Mi}"),
             &observed,
             &defaults(),
         )
         .expect("the same size, spelled otherwise");
-        assert_eq!(same.storage_size, "10240Mi");
+        assert_eq!(same.storage_size, "10Gi", "the template stays");
+        assert_eq!(same.volume_size, "10240Mi");
         // 10G (decimal) is less than 10Gi (binary).
         assert_eq!(
             reason("storage: {size: 10G}", &observed),
             InvalidReason::StorageShrink
         );
+
+        // Growing: the template keeps the size it was created with, the claims grow.
+        let grown = validate(&boundary("storage: {size: 20Gi}"), &observed, &defaults())
+            .expect("volumes may grow");
+        assert_eq!(
+            (grown.storage_size.as_str(), grown.volume_size.as_str()),
+            ("10Gi", "20Gi")
+        );
+        // Once grown, shrinking is measured against the grown size, not the template's.
+        let after_growing = Observed {
+            deployed: Some(Deployed {
+                volume_size: Some("20Gi".into()),
+                ..deployed()
+            }),
+            ..Observed::default()
+        };
+        let shrink = validate(
+            &boundary("storage: {size: 15Gi}"),
+            &after_growing,
+            &defaults(),
+        )
+        .expect_err("15Gi is below the grown 20Gi");
+        assert_eq!(shrink.reason, InvalidReason::StorageShrink);
+        assert!(
+            shrink.message.contains("volumes' 20Gi"),
+            "{}",
+            shrink.message
+        );
+        validate(
+            &boundary("storage: {size: 20Gi}"),
+            &after_growing,
+            &defaults(),
+        )
+        .expect("unchanged");
     }
 
     #[test]

@@ -4,22 +4,26 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 
 use cairn_operator::Boundary;
-use cairn_operator::controller::{self, Context};
+use cairn_operator::leader::{
+    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, LeaseConfig,
+};
+use cairn_operator::serve::{self, RunOptions};
 use cairn_operator::validate::OperatorDefaults;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
 
 use super::{
-    Envtest, NAMESPACE, boundaries_raw, create_namespace, delete_and_wait, eventually, manifest,
-    shared_tools,
+    Envtest, NAMESPACE, boundaries_raw, create_namespace, delete_and_wait, eventually, http_get,
+    manifest, metric, shared_tools,
 };
 
 const RELEASE_NAMESPACE: &str = "cairn-system";
@@ -43,6 +47,7 @@ const NEEDED: &[(&str, &str)] = &[
     ("create", "secrets"),
     ("list", "pods"),
     ("list", "persistentvolumeclaims"),
+    ("patch", "persistentvolumeclaims"),
     ("delete", "persistentvolumeclaims"),
     ("deletecollection", "persistentvolumeclaims"),
     ("get", "statefulsets.apps"),
@@ -133,18 +138,82 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
             "the operator must not {verb} {resource}"
         );
     }
+    // Leader election: its own Lease in its own namespace, nothing else.
+    for verb in ["get", "update"] {
+        assert!(
+            can_i_in(
+                &kubeconfig,
+                RELEASE_NAMESPACE,
+                verb,
+                "leases.coordination.k8s.io/cairn"
+            ),
+            "the operator needs {verb} on its Lease"
+        );
+        assert!(
+            !can_i_in(
+                &kubeconfig,
+                RELEASE_NAMESPACE,
+                verb,
+                "leases.coordination.k8s.io/kube-controller-manager"
+            ),
+            "the operator must not {verb} another Lease"
+        );
+    }
+    assert!(can_i_in(
+        &kubeconfig,
+        RELEASE_NAMESPACE,
+        "create",
+        "leases.coordination.k8s.io"
+    ));
+    assert!(!can_i_in(
+        &kubeconfig,
+        NAMESPACE,
+        "create",
+        "leases.coordination.k8s.io"
+    ));
+    assert!(!can_i_in(
+        &kubeconfig,
+        RELEASE_NAMESPACE,
+        "delete",
+        "leases.coordination.k8s.io/cairn"
+    ));
 
-    // A whole reconcile with the ServiceAccount's own token: create, status, clean deletion.
+    // The whole operator process (leader election on the chart's Lease, HTTP side port,
+    // reconciles) with the ServiceAccount's own token: create, status, clean deletion.
     let operator_client = service_account_client(&client, &envtest).await;
-    let context = Context::discover(
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let http = listener.local_addr().expect("address");
+    let shutdown = CancellationToken::new();
+    let operator = tokio::spawn(serve::run(
         operator_client,
-        OperatorDefaults {
-            image: "cairn:test".into(),
+        RunOptions {
+            defaults: OperatorDefaults {
+                image: "cairn:test".into(),
+            },
+            namespace: None,
+            election: Some(LeaseConfig {
+                name: "cairn".into(),
+                namespace: RELEASE_NAMESPACE.into(),
+                identity: "cairn-operator-test".into(),
+                lease_duration: DEFAULT_LEASE_DURATION,
+                renew_deadline: DEFAULT_RENEW_DEADLINE,
+                retry_period: DEFAULT_RETRY_PERIOD,
+            }),
         },
-    )
-    .await
-    .expect("discover as the ServiceAccount");
-    let operator = tokio::spawn(controller::run(Arc::new(context), None));
+        listener,
+        shutdown.clone(),
+    ));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    eventually("the operator to hold the chart's Lease", || {
+        let leases = leases.clone();
+        async move {
+            let holder = leases.get("cairn").await.ok()?.spec?.holder_identity?;
+            (holder == "cairn-operator-test").then_some(())
+        }
+    })
+    .await;
     create_namespace(&client).await;
     boundaries_raw(&client)
         .create(
@@ -165,7 +234,32 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
     assert!(sets.get_opt("orders").await.expect("read").is_some());
     delete_and_wait(&boundaries, "orders").await;
-    operator.abort();
+    let metrics = http_get(http, "/metrics").await;
+    assert!(metrics.contains("cairn_operator_leader 1"), "{metrics}");
+    assert_eq!(
+        metric(
+            &metrics,
+            "cairn_operator_reconcile_errors_total{reason=\"apply\"}"
+        ),
+        0.0
+    );
+    assert!(
+        metric(&metrics, "cairn_operator_reconciles_total") >= 2.0,
+        "{metrics}"
+    );
+    assert_eq!(http_get(http, "/healthz").await, "ok\n");
+    shutdown.cancel();
+    operator
+        .await
+        .expect("operator task")
+        .expect("a clean stop");
+    let released = leases
+        .get("cairn")
+        .await
+        .expect("the Lease")
+        .spec
+        .expect("spec");
+    assert_eq!(released.holder_identity, None, "released on a clean stop");
 
     // Upgrade: a changed value reaches the Deployment.
     let upgraded = helm(
@@ -241,9 +335,14 @@ fn helm(kubeconfig: &Path, args: &[&str]) -> String {
 
 /// `kubectl auth can-i VERB RESOURCE -n shop --as OPERATOR` (the kubectl Helm's tool ships).
 fn can_i(kubeconfig: &Path, verb: &str, resource: &str) -> bool {
+    can_i_in(kubeconfig, NAMESPACE, verb, resource)
+}
+
+/// `kubectl auth can-i VERB RESOURCE -n NAMESPACE --as OPERATOR`.
+fn can_i_in(kubeconfig: &Path, namespace: &str, verb: &str, resource: &str) -> bool {
     let output = Command::new(shared_tools().join("helm"))
         .args(["--kubectl", "auth", "can-i", verb, resource])
-        .args(["-n", NAMESPACE, "--as", OPERATOR])
+        .args(["-n", namespace, "--as", OPERATOR])
         .env("KUBECONFIG", kubeconfig)
         .output()
         .expect("run kubectl");

@@ -91,6 +91,7 @@ async fn boundary_runs_as_a_cluster() {
     let operator = tokio::spawn(controller::run(
         Arc::new(discover(&client).await),
         Some(NAMESPACE.into()),
+        std::future::pending(),
     ));
     let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
     boundaries_raw(&client)

@@ -10,6 +10,7 @@
 mod chart;
 mod end_to_end;
 mod kubelet;
+mod leader_election;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,11 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_operator::controller::{self, Context};
+use cairn_operator::metrics::Metrics;
 use cairn_operator::validate::OperatorDefaults;
 use cairn_operator::{Boundary, build::FIELD_MANAGER};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -209,6 +212,7 @@ pub async fn discover(client: &Client) -> Context {
         OperatorDefaults {
             image: "cairn:test".into(),
         },
+        Arc::new(Metrics::new().expect("register metrics")),
     )
     .await
     .expect("discover")
@@ -275,7 +279,11 @@ async fn a_boundary_becomes_its_objects_on_a_real_api_server() {
         "Kubernetes 1.20 serves only policy/v1beta1"
     );
     assert!(!context.capabilities.grpc_probes);
-    let operator = tokio::spawn(controller::run(Arc::new(context), Some(NAMESPACE.into())));
+    let operator = tokio::spawn(controller::run(
+        Arc::new(context),
+        Some(NAMESPACE.into()),
+        std::future::pending(),
+    ));
 
     let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
     raw.create(
@@ -457,5 +465,290 @@ async fn a_boundary_becomes_its_objects_on_a_real_api_server() {
         }
     })
     .await;
+    operator.abort();
+}
+
+/// The body of `GET path` on an operator's HTTP side port (HTTP/1.0: the server closes).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the operator's HTTP port");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: operator\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("read the response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// The value of the sample named exactly `series` (with its labels) in a text exposition.
+pub fn metric(exposition: &str, series: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in:\n{exposition}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// Acts as the persistent-volume controller for the claims of Boundary `name`: each becomes
+/// Bound with `capacity` (nothing provisions volumes on this control plane).
+async fn bind_claims(client: &Client, name: &str, count: usize, capacity: &str) {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let selector = format!("app.kubernetes.io/instance={name}");
+    let listed = eventually(&format!("{count} claims of {name}"), || {
+        let (claims, selector) = (claims.clone(), selector.clone());
+        async move {
+            let list = claims
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?;
+            (list.items.len() == count).then_some(list.items)
+        }
+    })
+    .await;
+    for claim in listed {
+        let claim_name = claim.metadata.name.expect("claim name");
+        claims
+            .patch_status(
+                &claim_name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({
+                    "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": capacity}}
+                })),
+            )
+            .await
+            .expect("bind the claim");
+    }
+}
+
+/// The condition `type_` of Boundary `name` once its reason is `reason`.
+async fn condition_with(
+    boundaries: &Api<Boundary>,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    eventually(&format!("{type_} {reason} on {name}"), || {
+        let boundaries = boundaries.clone();
+        async move {
+            let b = boundaries.get(name).await.ok()?;
+            let condition = b
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == type_)?;
+            (condition.reason == reason).then_some(condition)
+        }
+    })
+    .await
+}
+
+/// Wakes the operator for `name` now (it looks again every 30 s anyway): claims are not
+/// watched, a change to the Boundary is.
+async fn poke(client: &Client, name: &str) {
+    boundaries_raw(client)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {"test.cairn.dev/poke": uuid::Uuid::new_v4().to_string()}}
+            })),
+        )
+        .await
+        .expect("annotate the Boundary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real kube-apiserver (../shared/tools/k8s-envtest); run by .ci/run with --ignored"]
+async fn volumes_grow_claim_by_claim_and_never_shrink_on_a_real_api_server() {
+    let envtest = Envtest::start();
+    let client = envtest.client().await;
+    install_crd(&client).await;
+    create_namespace(&client).await;
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    for (class, expandable) in [("expandable", true), ("fixed", false)] {
+        classes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": class},
+                    "provisioner": "test.cairn.dev/none",
+                    "allowVolumeExpansion": expandable,
+                }))
+                .expect("storage class"),
+            )
+            .await
+            .expect("create the storage class");
+    }
+    let operator = tokio::spawn(controller::run(
+        Arc::new(discover(&client).await),
+        Some(NAMESPACE.into()),
+        std::future::pending(),
+    ));
+    let raw = boundaries_raw(&client);
+    let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
+    for (name, class) in [("orders", "expandable"), ("billing", "fixed")] {
+        raw.create(
+            &PostParams::default(),
+            &manifest(
+                name,
+                serde_json::json!({"replicas": 3, "storage": {"size": "1Gi", "storageClassName": class}}),
+            ),
+        )
+        .await
+        .expect("create a Boundary");
+        bind_claims(&client, name, 3, "1Gi").await;
+    }
+
+    // Growing: every claim is asked for the new size; the StatefulSet's template (immutable)
+    // keeps the old one and remembers the new one in an annotation.
+    raw.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"storage": {"size": "2Gi"}}})),
+    )
+    .await
+    .expect("grow orders");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    eventually("every claim of orders to ask for 2Gi", || {
+        let claims = claims.clone();
+        async move {
+            let list = claims
+                .list(&ListParams::default().labels("app.kubernetes.io/instance=orders"))
+                .await
+                .ok()?;
+            list.items
+                .iter()
+                .all(|c| {
+                    c.spec
+                        .as_ref()
+                        .and_then(|s| s.resources.as_ref())
+                        .and_then(|r| r.requests.as_ref())
+                        .and_then(|r| r.get("storage"))
+                        .is_some_and(|q| q.0 == "2Gi")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    let set = Api::<StatefulSet>::namespaced(client.clone(), NAMESPACE)
+        .get("orders")
+        .await
+        .expect("StatefulSet");
+    let template = &set
+        .spec
+        .as_ref()
+        .expect("spec")
+        .volume_claim_templates
+        .as_ref()
+        .expect("claims")[0];
+    assert_eq!(
+        template
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .expect("requests")["storage"]
+            .0,
+        "1Gi"
+    );
+    assert_eq!(
+        set.metadata.annotations.as_ref().expect("annotations")["cairn.dev/volume-size"],
+        "2Gi"
+    );
+    let growing = condition_with(&boundaries, "orders", "Progressing", "VolumesGrowing").await;
+    assert_eq!(growing.message, "3 volume(s) growing to 2Gi");
+
+    // The volumes reached the size (here the test plays the storage driver): settled again.
+    bind_claims(&client, "orders", 3, "2Gi").await;
+    poke(&client, "orders").await;
+    let settled = eventually("orders to stop growing", || {
+        let boundaries = boundaries.clone();
+        async move {
+            let b = boundaries.get("orders").await.ok()?;
+            let progressing = b
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Progressing")?;
+            (progressing.reason != "VolumesGrowing").then_some(progressing)
+        }
+    })
+    .await;
+    assert_ne!(settled.reason, "VolumesGrowing");
+
+    // Shrinking is measured against the grown size and refused.
+    raw.patch(
+        "orders",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"storage": {"size": "1536Mi"}}})),
+    )
+    .await
+    .expect("the schema allows any quantity");
+    let shrink = condition_with(&boundaries, "orders", "Degraded", "StorageShrink").await;
+    assert!(
+        shrink.message.contains("volumes' 2Gi"),
+        "{}",
+        shrink.message
+    );
+
+    // A storage class that cannot expand: the API server refuses, the status says so.
+    raw.patch(
+        "billing",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"storage": {"size": "2Gi"}}})),
+    )
+    .await
+    .expect("grow billing");
+    let refused = condition_with(&boundaries, "billing", "Degraded", "VolumeResizeRefused").await;
+    assert!(
+        refused.message.contains("cannot grow to 2Gi"),
+        "{}",
+        refused.message
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), NAMESPACE);
+    eventually("a VolumeResizeRefused Event", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("VolumeResizeRefused")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("billing")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    let billing_claims = claims
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=billing"))
+        .await
+        .expect("claims");
+    for claim in &billing_claims.items {
+        assert_eq!(
+            claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .expect("requests")["storage"]
+                .0,
+            "1Gi",
+            "nothing changed"
+        );
+    }
     operator.abort();
 }

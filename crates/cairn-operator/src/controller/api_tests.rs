@@ -30,6 +30,7 @@ fn context(pdb_v1: bool) -> (Arc<Context>, ApiHandle) {
         capabilities: Capabilities::default(),
         pdb_v1,
         recorder,
+        metrics: Arc::new(crate::metrics::Metrics::new().expect("register metrics")),
     };
     (Arc::new(context), handle)
 }

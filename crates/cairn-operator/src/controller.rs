@@ -283,17 +283,31 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
     if let (Some(change), Some(leader)) = (plan.change, &running.cluster.leader) {
         change_membership(boundary, context, &running, leader, change).await;
     }
-    if plan.settled {
-        remove_surplus_claims(&name, &namespace, client, valid.replicas, &running).await?;
-    }
-    // Claims are looked at only once storage.size has outgrown the template's size: a
-    // Boundary that never grew costs no extra request.
+    // Claims are looked at only once the membership settled (surplus volumes go) or
+    // storage.size has outgrown the template's size (volumes grow): a settled Boundary
+    // that never grew costs no extra request.
     let grown = observed.deployed.as_ref().is_some_and(|deployed| {
         validate::quantity_bytes(&valid.volume_size)
             > validate::quantity_bytes(&deployed.storage_size)
     });
+    let claims = if plan.settled || grown {
+        list_claims(&name, &namespace, client).await?
+    } else {
+        Vec::new()
+    };
+    let removed = if plan.settled {
+        remove_surplus_claims(&name, &namespace, client, valid.replicas, &running, &claims).await?
+    } else {
+        Vec::new()
+    };
     let volumes = if grown {
-        grow_volumes(&name, &namespace, client, &valid.volume_size).await?
+        let staying = claims.iter().filter(|c| {
+            c.metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| !removed.contains(n))
+        });
+        grow_volumes(&name, &namespace, client, &valid.volume_size, staying).await?
     } else {
         Volumes::default()
     };
@@ -521,17 +535,12 @@ async fn remove_surplus_claims(
     client: &Client,
     replicas: i32,
     running: &Running,
-) -> Result<(), Error> {
+    listed: &[PersistentVolumeClaim],
+) -> Result<Vec<String>, Error> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
-    let listed = claims
-        .list(&ListParams::default().labels(&selector(name)))
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("the volumes of {name}"),
-            source,
-        })?;
-    for claim in listed.items {
-        let Some(claim_name) = claim.metadata.name else {
+    let mut removed = Vec::new();
+    for claim in listed {
+        let Some(claim_name) = claim.metadata.name.clone() else {
             continue;
         };
         let Some(pod) = claim_name.strip_prefix(&format!("{}-", build::DATA_CLAIM)) else {
@@ -552,8 +561,27 @@ async fn remove_surplus_claims(
                 source,
             })?;
         tracing::info!(boundary = %name, %namespace, claim = %claim_name, "deleted the volume of a node that left");
+        removed.push(claim_name);
     }
-    Ok(())
+    Ok(removed)
+}
+
+/// Every PersistentVolumeClaim of Boundary `name` (the StatefulSet's claims carry its
+/// selector labels).
+async fn list_claims(
+    name: &str,
+    namespace: &str,
+    client: &Client,
+) -> Result<Vec<PersistentVolumeClaim>, Error> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    claims
+        .list(&ListParams::default().labels(&selector(name)))
+        .await
+        .map(|list| list.items)
+        .map_err(|source| Error::Read {
+            what: format!("the volumes of {name}"),
+            source,
+        })
 }
 
 /// Asks every claim of Boundary `name` smaller than `wanted` to grow to it (the claim
@@ -566,6 +594,7 @@ async fn grow_volumes(
     namespace: &str,
     client: &Client,
     wanted: &str,
+    listed: impl Iterator<Item = &PersistentVolumeClaim>,
 ) -> Result<Volumes, Error> {
     let mut volumes = Volumes {
         wanted: wanted.to_string(),
@@ -580,14 +609,7 @@ async fn grow_volumes(
             .and_then(|q| validate::quantity_bytes(&q.0))
     };
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
-    let listed = claims
-        .list(&ListParams::default().labels(&selector(name)))
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("the volumes of {name}"),
-            source,
-        })?;
-    for claim in listed.items {
+    for claim in listed {
         let Some(claim_name) = claim.metadata.name.clone() else {
             continue;
         };

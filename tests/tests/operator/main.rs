@@ -502,6 +502,19 @@ pub fn metric(exposition: &str, series: &str) -> f64 {
         .expect("a number")
 }
 
+/// The storage a claim requests.
+fn requested_storage(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.as_str())
+}
+
 /// Acts as the persistent-volume controller for the claims of Boundary `name`: each becomes
 /// Bound with `capacity` (nothing provisions volumes on this control plane).
 async fn bind_claims(client: &Client, name: &str, count: usize, capacity: &str) {
@@ -631,14 +644,7 @@ async fn volumes_grow_claim_by_claim_and_never_shrink_on_a_real_api_server() {
                 .ok()?;
             list.items
                 .iter()
-                .all(|c| {
-                    c.spec
-                        .as_ref()
-                        .and_then(|s| s.resources.as_ref())
-                        .and_then(|r| r.requests.as_ref())
-                        .and_then(|r| r.get("storage"))
-                        .is_some_and(|q| q.0 == "2Gi")
-                })
+                .all(|c| requested_storage(c) == Some("2Gi"))
                 .then_some(())
         }
     })
@@ -738,17 +744,7 @@ async fn volumes_grow_claim_by_claim_and_never_shrink_on_a_real_api_server() {
         .await
         .expect("claims");
     for claim in &billing_claims.items {
-        assert_eq!(
-            claim
-                .spec
-                .as_ref()
-                .and_then(|s| s.resources.as_ref())
-                .and_then(|r| r.requests.as_ref())
-                .expect("requests")["storage"]
-                .0,
-            "1Gi",
-            "nothing changed"
-        );
+        assert_eq!(requested_storage(claim), Some("1Gi"), "nothing changed");
     }
     operator.abort();
 }

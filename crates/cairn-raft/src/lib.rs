@@ -15,6 +15,7 @@ mod heads;
 mod log_store;
 mod network;
 mod node;
+mod proposal;
 mod proposer;
 mod state_machine;
 
@@ -26,6 +27,7 @@ pub use heads::HeadWatch;
 pub use log_store::LogStore;
 pub use network::{Network, NoPeers, PeerLink, PeerTransport, RpcResult};
 pub use node::{ClusterView, Member, RaftNode, Role};
+pub use proposal::Proposal;
 pub use proposer::DEFAULT_MAX_INFLIGHT_BATCHES;
 pub use state_machine::StateMachine;
 
@@ -56,12 +58,12 @@ impl RaftObserver for NoObserver {
 
 use std::time::Duration;
 
-use cairn_core::command::{Command, Outcome};
+use cairn_core::command::Outcome;
 
 openraft::declare_raft_types!(
     /// Cairn's openraft type configuration.
     pub TypeConfig:
-        D = Command,
+        D = Proposal,
         R = Outcome,
         NodeId = u64,
         Node = openraft::BasicNode,

@@ -18,7 +18,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, RaftLogReader, StorageIOError, Vote};
 use rocksdb::{DB, WriteBatch, WriteOptions};
 
-use crate::codec::{decode, encode};
+use crate::codec::{decode, encode, encode_entry};
 use crate::{StorageError, TypeConfig};
 use cairn_store::{CF_RAFT_LOG, CF_RAFT_META};
 
@@ -29,10 +29,13 @@ const KEY_LAST_PURGED: &[u8] = b"last_purged";
 /// Upper bound of the encoded bytes of appended entries kept in memory until read back.
 const UNREAD_BYTES_LIMIT: usize = 64 * 1024 * 1024;
 
-/// Appended entries nobody has read yet. openraft reads every committed entry back to apply
-/// it; handing over the entry that `append` received saves decoding it again (a copy and an
-/// allocation per string of every event). The first reader takes an entry; any later read
-/// of it comes from RocksDB, which always holds the same bytes.
+/// Appended entries not yet applied. openraft reads every committed entry back to apply it,
+/// and a leader's replication streams read each entry for every follower; handing over the
+/// entry that `append` received saves decoding it again (a copy and an allocation per
+/// string of every event), and its proposal carries its encoding for the AppendEntries. The
+/// replication streams get clones (the command is shared, not copied); the apply reader
+/// takes an entry, and any later read of it comes from RocksDB, which always holds the same
+/// bytes.
 #[derive(Default)]
 struct Unread {
     entries: BTreeMap<u64, (Entry<TypeConfig>, usize)>,
@@ -68,6 +71,19 @@ impl Unread {
         Some(taken)
     }
 
+    /// Clones of `[start, end)` if every entry of it is here.
+    fn peek(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+        if end <= start || self.entries.range(start..end).count() as u64 != end - start {
+            return None;
+        }
+        Some(
+            self.entries
+                .range(start..end)
+                .map(|(_, (entry, _))| entry.clone())
+                .collect(),
+        )
+    }
+
     /// Forgets entries at or after `index` (log truncation).
     fn truncate(&mut self, index: u64) {
         let dropped = self.entries.split_off(&index);
@@ -93,6 +109,9 @@ pub struct LogStore {
     db: Arc<DB>,
     syncer: Arc<Syncer>,
     unread: Arc<Mutex<Unread>>,
+    /// A replication stream's reader ([`RaftLogStorage::get_log_reader`]): it reads
+    /// unapplied entries without taking them from the apply reader.
+    peeks: bool,
 }
 
 /// The syncer thread's handle. Dropping the last clone of the log store stops the thread and
@@ -199,6 +218,7 @@ impl LogStore {
                 thread: Some(thread),
             }),
             unread: Arc::default(),
+            peeks: false,
         })
     }
 
@@ -306,10 +326,16 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&e) => Some(e),
             Bound::Unbounded => None,
         };
-        if let Some(end) = end
-            && let Some(entries) = self.unread().take(start, end)
-        {
-            return Ok(entries);
+        if let Some(end) = end {
+            let mut unread = self.unread();
+            let entries = if self.peeks {
+                unread.peek(start, end)
+            } else {
+                unread.take(start, end)
+            };
+            if let Some(entries) = entries {
+                return Ok(entries);
+            }
         }
         let this = self.clone();
         blocking(move || this.read_range(start, end)).await
@@ -333,7 +359,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
+        LogStore {
+            peeks: true,
+            ..self.clone()
+        }
     }
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError> {
@@ -383,7 +412,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         let mut appended = Vec::new();
         for entry in entries {
-            let bytes = encode(&entry).map_err(|e| write_err(&e))?;
+            // Copies a proposal's remembered bytes when it has them (a follower's entries
+            // from the leader's message); the leader's own entries remember theirs here, for
+            // the AppendEntries that read them back.
+            let bytes = encode_entry(&entry).map_err(|e| write_err(&e))?;
             let len = bytes.len();
             batch.put_cf(cf, index_key(entry.log_id.index), bytes);
             appended.push((entry, len));

@@ -242,7 +242,7 @@ async fn propose(
             .next()
             .unwrap_or(Command::Batch(Vec::new()))
     };
-    match raft.client_write_ff(command).await {
+    match raft.client_write_ff(command.into()).await {
         Ok(pending) => {
             tokio::spawn(async move {
                 let result = match pending.await {

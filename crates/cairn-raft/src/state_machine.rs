@@ -280,22 +280,25 @@ fn applied_entries(
     for entry in entries {
         let log_id = entry.log_id;
         let outcome = match &entry.payload {
-            EntryPayload::Normal(Command::Batch(commands)) => {
-                apply_batch(store, log_id, commands, &mut marker, &mut touched)?
-            }
-            EntryPayload::Normal(command) => {
-                marker.last_applied = Some(log_id);
-                marker.in_progress = None;
-                let bytes = encode(&marker).map_err(|e| sm_write_err(&e))?;
-                let outcome = store
-                    .apply(command, &bytes)
-                    .map_err(|e| apply_err(log_id, &e))?;
-                if let (Command::Append(append), Ok(Applied::Appended { .. })) = (command, &outcome)
-                {
-                    touched.insert(append.boundary.clone());
+            EntryPayload::Normal(proposal) => match proposal.command() {
+                Command::Batch(commands) => {
+                    apply_batch(store, log_id, commands, &mut marker, &mut touched)?
                 }
-                outcome
-            }
+                command => {
+                    marker.last_applied = Some(log_id);
+                    marker.in_progress = None;
+                    let bytes = encode(&marker).map_err(|e| sm_write_err(&e))?;
+                    let outcome = store
+                        .apply(command, &bytes)
+                        .map_err(|e| apply_err(log_id, &e))?;
+                    if let (Command::Append(append), Ok(Applied::Appended { .. })) =
+                        (command, &outcome)
+                    {
+                        touched.insert(append.boundary.clone());
+                    }
+                    outcome
+                }
+            },
             EntryPayload::Blank | EntryPayload::Membership(_) => {
                 marker.last_applied = Some(log_id);
                 marker.in_progress = None;
@@ -584,7 +587,7 @@ mod tests {
         let batch = vec![append("a", 2), create("b"), append("b", 1), append("a", 1)];
         let entry = Entry::<TypeConfig> {
             log_id,
-            payload: EntryPayload::Normal(Command::Batch(batch.clone())),
+            payload: EntryPayload::Normal(Command::Batch(batch.clone()).into()),
         };
 
         let open = || {

@@ -15,7 +15,7 @@ use cairn_core::command::{Command, Outcome};
 use cairn_proto::cairn_v1 as pb;
 use cairn_proto::cairn_v1::cluster_client::ClusterClient;
 use cairn_proto::cairn_v1::raft_client::RaftClient;
-use cairn_raft::codec::{decode, encode};
+use cairn_raft::codec::{decode, decode_append_entries, encode, encode_append_entries};
 use cairn_raft::{PeerTransport, RaftError as CairnRaftError, RpcResult, TypeConfig};
 use futures::future::BoxFuture;
 use openraft::BasicNode;
@@ -171,20 +171,18 @@ impl PeerClient {
         Ok((!reply.not_leader).then_some(reply.index))
     }
 
-    fn raft_call<Req, Resp, E>(
+    fn raft_call<Resp, E>(
         &self,
         target: u64,
         node: &BasicNode,
-        rpc: &Req,
+        encoded: Result<Vec<u8>, cairn_raft::codec::CodecError>,
         option: &RPCOption,
         call: RaftCall,
     ) -> BoxFuture<'static, RpcResult<Resp, E>>
     where
-        Req: Serialize,
         Resp: serde::de::DeserializeOwned + Send + 'static,
         E: std::error::Error + serde::de::DeserializeOwned + Send + 'static,
     {
-        let encoded = encode(rpc);
         let client = self.raft(&node.addr);
         let request = encoded.map(|data| self.request(pb::RaftPayload { data }, option.hard_ttl()));
         Box::pin(async move {
@@ -246,7 +244,7 @@ impl PeerTransport for PeerClient {
         self.raft_call(
             target,
             node,
-            &rpc,
+            encode_append_entries(&rpc),
             &option,
             RaftCall::AppendEntries { entries },
         )
@@ -259,7 +257,7 @@ impl PeerTransport for PeerClient {
         rpc: VoteRequest<u64>,
         option: RPCOption,
     ) -> BoxFuture<'static, RpcResult<VoteResponse<u64>>> {
-        self.raft_call(target, node, &rpc, &option, RaftCall::Vote)
+        self.raft_call(target, node, encode(&rpc), &option, RaftCall::Vote)
     }
 
     fn install_snapshot(
@@ -275,7 +273,13 @@ impl PeerTransport for PeerClient {
         if let Some(counter) = &self.snapshot_chunks_sent {
             counter.inc();
         }
-        self.raft_call(target, node, &rpc, &option, RaftCall::InstallSnapshot)
+        self.raft_call(
+            target,
+            node,
+            encode(&rpc),
+            &option,
+            RaftCall::InstallSnapshot,
+        )
     }
 }
 
@@ -362,7 +366,8 @@ impl pb::raft_server::Raft for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
-        let rpc: AppendEntriesRequest<TypeConfig> = decoded(request)?;
+        let rpc = decode_append_entries(&request.into_inner().data)
+            .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))?;
         payload(&node.raft.raft().append_entries(rpc).await)
     }
 

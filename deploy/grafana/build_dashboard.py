@@ -288,6 +288,35 @@ line(
 )
 
 
+# The operator's own series (cairn-operator's /metrics, its own scrape job): not filtered by
+# the node variables above; empty where the operator is not scraped.
+row("Operator")
+line(
+    dict(
+        title="Reconciles",
+        description="Reconciles of Boundaries per second across operator replicas, and failed ones by reason (read, apply, status, cleanup, serialise, finalizer). Sustained errors fire CairnOperatorReconcileErrors.",
+        targets=[
+            (f"sum(rate(cairn_operator_reconciles_total[{RATE}]))", "reconciles"),
+            (f"sum by (reason) (rate(cairn_operator_reconcile_errors_total[{RATE}])) > 0", "errors {{reason}}"),
+        ],
+        unit="ops",
+    ),
+    dict(
+        title="Reconcile duration",
+        description="Median and 99th percentile of one reconcile (API reads and patches, and the calls to each node's cluster API).",
+        targets=[
+            (f"histogram_quantile(0.5, sum by (le) (rate(cairn_operator_reconcile_duration_seconds_bucket[{RATE}])))", "p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(cairn_operator_reconcile_duration_seconds_bucket[{RATE}])))", "p99"),
+        ],
+        unit="s",
+    ),
+    dict(
+        title="Operator leader",
+        description="1 for the operator replica that holds the leader Lease and reconciles; standbys show 0. No replica at 1 for 5 minutes fires CairnOperatorNoLeader.",
+        targets=[("cairn_operator_leader", "{{instance}}")],
+    ),
+)
+
 def variable(name, label, query, description, multi=True):
     v = {
         "type": "query",

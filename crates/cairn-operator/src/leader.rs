@@ -181,8 +181,8 @@ pub enum ElectionError {
         namespace: String,
         /// Its name.
         name: String,
-        /// The API error.
-        source: kube::Error,
+        /// The API error (boxed: it is large and errors are rare).
+        source: Box<kube::Error>,
     },
     /// The API server did not answer in time.
     #[error("the API server did not answer within {0:?}")]
@@ -320,7 +320,7 @@ impl Elector {
     async fn attempt(&mut self) -> Result<Attempt, ElectionError> {
         let now = Instant::now();
         let Some(mut lease) = self.get().await? else {
-            return self.create(now).await;
+            return self.create().await;
         };
         let record = Record::of(&lease);
         let seen = match self.seen.take() {
@@ -351,7 +351,18 @@ impl Elector {
         spec.holder_identity = Some(self.config.identity.clone());
         spec.lease_duration_seconds = Some(self.config.lease_duration.as_secs() as i32);
         spec.renew_time = Some(stamp);
-        match self.replace(&lease).await {
+        let written = self.replace(&lease).await;
+        self.written(written, record.holder)
+    }
+
+    /// The outcome of writing the Lease: leading when it was stored (and noted as seen), or
+    /// waiting when someone else wrote it since it was read (409: they won this round).
+    fn written(
+        &mut self,
+        result: Result<Lease, ElectionError>,
+        rival: Option<String>,
+    ) -> Result<Attempt, ElectionError> {
+        match result {
             Ok(stored) => {
                 self.seen = Some(Seen {
                     record: Record::of(&stored),
@@ -359,18 +370,16 @@ impl Elector {
                 });
                 Ok(Attempt::Leading)
             }
-            // Someone wrote the Lease since it was read: they won this round.
-            Err(ElectionError::Api {
-                source: kube::Error::Api(status),
-                ..
-            }) if status.code == 409 => Ok(Attempt::Waiting {
-                holder: record.holder.unwrap_or_else(|| "another candidate".into()),
-            }),
+            Err(ElectionError::Api { source, .. }) if matches!(&*source, kube::Error::Api(status) if status.code == 409) => {
+                Ok(Attempt::Waiting {
+                    holder: rival.unwrap_or_else(|| "another candidate".into()),
+                })
+            }
             Err(e) => Err(e),
         }
     }
 
-    async fn create(&mut self, now: Instant) -> Result<Attempt, ElectionError> {
+    async fn create(&mut self) -> Result<Attempt, ElectionError> {
         let stamp = MicroTime(Timestamp::now());
         let lease = Lease {
             metadata: ObjectMeta {
@@ -387,25 +396,10 @@ impl Elector {
                 ..LeaseSpec::default()
             }),
         };
-        match self
+        let created = self
             .timed(self.api.create(&PostParams::default(), &lease), "create")
-            .await
-        {
-            Ok(stored) => {
-                self.seen = Some(Seen {
-                    record: Record::of(&stored),
-                    since: now,
-                });
-                Ok(Attempt::Leading)
-            }
-            Err(ElectionError::Api {
-                source: kube::Error::Api(status),
-                ..
-            }) if status.code == 409 => Ok(Attempt::Waiting {
-                holder: "another candidate".into(),
-            }),
-            Err(e) => Err(e),
-        }
+            .await;
+        self.written(created, None)
     }
 
     async fn get(&self) -> Result<Option<Lease>, ElectionError> {
@@ -432,7 +426,7 @@ impl Elector {
                 what,
                 namespace: self.config.namespace.clone(),
                 name: self.config.name.clone(),
-                source,
+                source: Box::new(source),
             }),
             Err(_) => Err(ElectionError::Timeout(REQUEST_TIMEOUT)),
         }

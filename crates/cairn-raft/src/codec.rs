@@ -113,9 +113,9 @@ pub fn decode_append_entries(bytes: &[u8]) -> Result<AppendEntriesRequest<TypeCo
     for _ in 0..count {
         let (entry, after) = postcard::take_from_bytes::<Entry>(rest)?;
         if let EntryPayload::Normal(proposal) = &entry.payload {
-            let header = postcard::to_allocvec(&entry.log_id)?.len() + 1;
-            let consumed = &rest[..rest.len() - after.len()];
-            if let Some(command) = consumed.get(header..) {
+            // The command's bytes follow the log id and the payload's variant byte.
+            let (_, payload) = postcard::take_from_bytes::<LogId<u64>>(rest)?;
+            if let Some(command) = payload.get(1..payload.len().saturating_sub(after.len())) {
                 proposal.remember(command);
             }
         }
@@ -148,15 +148,15 @@ mod tests {
         use openraft::{CommittedLeaderId, Membership};
         use std::collections::{BTreeMap, BTreeSet};
         let log_id = |index| LogId::new(CommittedLeaderId::new(3, 1), index);
-        let batch = cairn_core::command::Command::Batch(
+        let batch = Command::Batch(
             (0..200)
-                .map(|i| cairn_core::command::Command::DropIndex {
+                .map(|i| Command::DropIndex {
                     boundary: format!("b{i}"),
                     name: "n".repeat(i % 9),
                 })
                 .collect(),
         );
-        let single = cairn_core::command::Command::DropIndex {
+        let single = Command::DropIndex {
             boundary: "orders".into(),
             name: "by_customer".into(),
         };

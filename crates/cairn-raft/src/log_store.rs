@@ -56,9 +56,14 @@ impl Unread {
         }
     }
 
+    /// Whether every entry of `[start, end)` (not empty) is here.
+    fn holds(&self, start: u64, end: u64) -> bool {
+        end > start && self.entries.range(start..end).count() as u64 == end - start
+    }
+
     /// Takes `[start, end)` if every entry of it is here.
     fn take(&mut self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
-        if end <= start || self.entries.range(start..end).count() as u64 != end - start {
+        if !self.holds(start, end) {
             return None;
         }
         let taken = (start..end)
@@ -73,7 +78,7 @@ impl Unread {
 
     /// Clones of `[start, end)` if every entry of it is here.
     fn peek(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
-        if end <= start || self.entries.range(start..end).count() as u64 != end - start {
+        if !self.holds(start, end) {
             return None;
         }
         Some(

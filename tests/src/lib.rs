@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use base64::Engine;
+use cairn_proto::cairn_v1::boundaries_client::BoundariesClient;
 use cairn_proto::orisun as pb;
 use cairn_proto::orisun::admin_client::AdminClient;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
@@ -14,7 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
-pub use cairn_proto::orisun;
+pub use cairn_proto::{cairn_v1, orisun};
 
 /// Default admin credentials of a test server.
 pub const ADMIN: (&str, &str) = ("admin", "changeit");
@@ -67,6 +68,8 @@ pub struct Client {
     pub es: EventStoreClient<InterceptedService<Channel, Credentials>>,
     /// Admin.
     pub admin: AdminClient<InterceptedService<Channel, Credentials>>,
+    /// Cairn's boundary extensions (`cairn.v1.Boundaries`).
+    pub boundaries: BoundariesClient<InterceptedService<Channel, Credentials>>,
 }
 
 /// A server under test.
@@ -128,7 +131,8 @@ impl TestServer {
         Client {
             es: EventStoreClient::with_interceptor(self.channel.clone(), credentials.clone())
                 .max_decoding_message_size(64 * 1024 * 1024),
-            admin: AdminClient::with_interceptor(self.channel.clone(), credentials),
+            admin: AdminClient::with_interceptor(self.channel.clone(), credentials.clone()),
+            boundaries: BoundariesClient::with_interceptor(self.channel.clone(), credentials),
         }
     }
 
@@ -146,7 +150,8 @@ impl TestServer {
             .expect("connect");
         Client {
             es: EventStoreClient::with_interceptor(channel.clone(), credentials.clone()),
-            admin: AdminClient::with_interceptor(channel, credentials),
+            admin: AdminClient::with_interceptor(channel.clone(), credentials.clone()),
+            boundaries: BoundariesClient::with_interceptor(channel, credentials),
         }
     }
 

@@ -48,6 +48,47 @@ pub enum Error {
     /// A real server fault; the message is for operators.
     #[error("{0}")]
     Internal(String),
+    /// On a boundary with idempotent event ids (X1), a write reuses a stored event id other
+    /// than by repeating that id's whole write unchanged; nothing was written.
+    #[error(
+        "event_id {event_id:?} already exists in boundary {boundary:?} at position ({}, {}): {reason}",
+        position.commit, position.prepare
+    )]
+    EventIdExists {
+        /// Boundary name.
+        boundary: String,
+        /// The first reused id of the write.
+        event_id: String,
+        /// Where the stored event with that id is.
+        position: Position,
+        /// Why this is not a retry of the stored write.
+        reason: EventIdReuse,
+    },
+}
+
+/// Why a write that reuses a stored event id is not an identical retry (X1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventIdReuse {
+    /// The write repeats some of a stored write's ids but not all of them, or adds new ones.
+    PartialOverlap,
+    /// The ids belong to more than one stored write.
+    SeveralWrites,
+    /// Same ids as a stored write, but an event's type, data, metadata or order differs.
+    Altered,
+}
+
+impl std::fmt::Display for EventIdReuse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EventIdReuse::PartialOverlap => {
+                "the write's ids are not exactly that write's ids (a retry must repeat the whole write)"
+            }
+            EventIdReuse::SeveralWrites => "the write's ids belong to more than one stored write",
+            EventIdReuse::Altered => {
+                "the stored write has the same ids but a different event type, data, metadata or order"
+            }
+        })
+    }
 }
 
 impl Error {

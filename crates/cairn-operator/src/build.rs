@@ -237,8 +237,12 @@ pub fn build(
     }
 }
 
+/// The ConfigMap key (an environment variable of every node) that declares the boundary
+/// with idempotent event ids; present only for such boundaries.
+pub const IDEMPOTENT_BOUNDARIES_KEY: &str = "CAIRN_IDEMPOTENT_BOUNDARIES";
+
 fn config_map(valid: &ValidBoundary) -> ConfigMap {
-    let data = BTreeMap::from(
+    let mut data = BTreeMap::from(
         [
             ("CAIRN_BOUNDARIES", valid.boundary_name.clone()),
             ("CAIRN_DATA_DIR", DATA_DIR.to_string()),
@@ -255,6 +259,14 @@ fn config_map(valid: &ValidBoundary) -> ConfigMap {
         ]
         .map(|(k, v)| (k.to_string(), v)),
     );
+    if valid.idempotent_event_ids {
+        // The server creates the boundary with the option on first start; CAIRN_BOUNDARIES
+        // still names it (it is what a later reconcile reads back as the boundary served).
+        data.insert(
+            IDEMPOTENT_BOUNDARIES_KEY.to_string(),
+            valid.boundary_name.clone(),
+        );
+    }
     ConfigMap {
         metadata: metadata(valid, config_map_name(&valid.name), "config"),
         data: Some(data),
@@ -617,6 +629,7 @@ mod tests {
             storage_size: "10Gi".into(),
             volume_size: "10Gi".into(),
             storage_class_name: None,
+            idempotent_event_ids: false,
             resources: None,
             admin_secret: "orders-admin".into(),
             generate_admin_secret: true,
@@ -707,6 +720,16 @@ mod tests {
     }
 
     #[test]
+    fn an_idempotent_boundary_is_declared_to_every_node() {
+        let mut idempotent = valid(3);
+        idempotent.idempotent_event_ids = true;
+        let built = build(&idempotent, Capabilities::default(), &generated(), 3);
+        let data = built.config_map.data.expect("data");
+        assert_eq!(data[IDEMPOTENT_BOUNDARIES_KEY], "orders");
+        assert_eq!(data["CAIRN_BOUNDARIES"], "orders");
+    }
+
+    #[test]
     fn initial_members_name_each_pod_by_its_stable_dns_name_and_id() {
         assert_eq!(
             initial_members(&valid(3)),
@@ -724,6 +747,7 @@ mod tests {
         let data = objects(3).config_map.data.expect("data");
         assert_eq!(data["CAIRN_INITIAL_MEMBERS"], initial_members(&valid(3)));
         assert_eq!(data["CAIRN_BOUNDARIES"], "orders");
+        assert!(!data.contains_key(IDEMPOTENT_BOUNDARIES_KEY));
         assert_eq!(data["CAIRN_NODE_ID_FROM_HOSTNAME"], "true");
         assert_eq!(
             data["CAIRN_CLUSTER_SECRET_FILE"],

@@ -693,6 +693,9 @@ fn deployed(config: Option<&ConfigMap>, set: Option<&StatefulSet>) -> Option<Dep
             .and_then(|a| a.get(build::VOLUME_SIZE_ANNOTATION))
             .cloned(),
         storage_class_name: claim.storage_class_name.clone(),
+        idempotent_event_ids: data
+            .get(build::IDEMPOTENT_BOUNDARIES_KEY)
+            .is_some_and(|names| !names.is_empty()),
     })
 }
 
@@ -970,6 +973,7 @@ mod tests {
             storage_size: "20Gi".into(),
             volume_size: "30Gi".into(),
             storage_class_name: Some("fast".into()),
+            idempotent_event_ids: true,
             resources: None,
             admin_secret: "orders-admin".into(),
             generate_admin_secret: true,
@@ -1000,9 +1004,24 @@ mod tests {
                 storage_size: "20Gi".into(),
                 volume_size: Some("30Gi".into()),
                 storage_class_name: Some("fast".into()),
+                idempotent_event_ids: true,
             }
         );
         assert_eq!(deployed(None, Some(&objects.stateful_set)), None);
+        let plain = build::build(
+            &ValidBoundary {
+                idempotent_event_ids: false,
+                ..valid()
+            },
+            Capabilities::default(),
+            &Generated {
+                admin_password: "pw".into(),
+                cluster_secret: "s".repeat(20),
+            },
+            5,
+        );
+        let read = deployed(Some(&plain.config_map), Some(&plain.stateful_set)).expect("deployed");
+        assert!(!read.idempotent_event_ids);
     }
 
     #[test]

@@ -65,8 +65,8 @@ pub struct BoundarySpec {
     pub resources: Option<ResourceRequirements>,
 
     /// Retries by event id are idempotent (a write whose event ids all belong to one earlier
-    /// identical write returns that write's result). Set at creation; cannot change. Not
-    /// supported by this Cairn release yet: `true` is refused (the spec is not applied).
+    /// identical write returns that write's result; any other reuse of a stored id is
+    /// refused). Set at creation; cannot change (a change is refused as ImmutableField).
     #[serde(default)]
     pub idempotent_event_ids: bool,
 

@@ -48,6 +48,8 @@ pub struct Deployed {
     pub volume_size: Option<String>,
     /// The storage class in the claim template.
     pub storage_class_name: Option<String>,
+    /// Whether the boundary was declared with idempotent event ids (fixed at creation).
+    pub idempotent_event_ids: bool,
 }
 
 impl Deployed {
@@ -90,6 +92,8 @@ pub struct ValidBoundary {
     pub volume_size: String,
     /// Storage class.
     pub storage_class_name: Option<String>,
+    /// The boundary is declared with idempotent event ids (X1).
+    pub idempotent_event_ids: bool,
     /// Container resources.
     pub resources: Option<ResourceRequirements>,
     /// The admin Secret's name, and whether the operator generates it.
@@ -224,12 +228,6 @@ pub fn validate(
         ));
     };
 
-    if spec.idempotent_event_ids {
-        return Err(invalid(
-            InvalidReason::Unsupported,
-            "idempotentEventIds needs idempotent boundaries, which this Cairn release does not have yet",
-        ));
-    }
     if spec.tls.is_some() {
         return Err(invalid(
             InvalidReason::Unsupported,
@@ -249,6 +247,15 @@ pub fn validate(
                 format!(
                     "the cluster serves boundary {:?}; boundaryName cannot change to {:?}",
                     deployed.boundary_name, boundary_name
+                ),
+            ));
+        }
+        if deployed.idempotent_event_ids != spec.idempotent_event_ids {
+            return Err(invalid(
+                InvalidReason::ImmutableField,
+                format!(
+                    "the boundary was created with idempotentEventIds {}; the option is fixed at creation and cannot change",
+                    deployed.idempotent_event_ids
                 ),
             ));
         }
@@ -322,6 +329,7 @@ pub fn validate(
         storage_size: template_size,
         volume_size: spec.storage.size.clone(),
         storage_class_name: spec.storage.storage_class_name.clone(),
+        idempotent_event_ids: spec.idempotent_event_ids,
         resources: spec.resources.clone(),
         admin_secret,
         generate_admin_secret,
@@ -406,6 +414,7 @@ mod tests {
             storage_size: "10Gi".into(),
             volume_size: None,
             storage_class_name: None,
+            idempotent_event_ids: false,
         }
     }
 
@@ -564,11 +573,46 @@ mod tests {
     }
 
     #[test]
-    fn features_cairn_lacks_are_refused_not_ignored() {
-        assert_eq!(
-            reason("idempotentEventIds: true", &Observed::default()),
-            InvalidReason::Unsupported
+    fn idempotent_event_ids_are_fixed_at_creation() {
+        let fresh = validate(
+            &boundary("idempotentEventIds: true"),
+            &Observed::default(),
+            &defaults(),
+        )
+        .expect("valid");
+        assert!(fresh.idempotent_event_ids);
+        let plain = Observed {
+            deployed: Some(deployed()),
+            ..Observed::default()
+        };
+        let err = validate(&boundary("idempotentEventIds: true"), &plain, &defaults())
+            .expect_err("the option cannot be turned on later");
+        assert_eq!(err.reason, InvalidReason::ImmutableField);
+        assert!(
+            err.message.contains("idempotentEventIds false"),
+            "{}",
+            err.message
         );
+        let idempotent = Observed {
+            deployed: Some(Deployed {
+                idempotent_event_ids: true,
+                ..deployed()
+            }),
+            ..Observed::default()
+        };
+        assert_eq!(reason("{}", &idempotent), InvalidReason::ImmutableField);
+        assert!(
+            validate(
+                &boundary("idempotentEventIds: true"),
+                &idempotent,
+                &defaults()
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn features_cairn_lacks_are_refused_not_ignored() {
         let mut b = boundary("{}");
         b.spec.tls = Some(TlsSpec {
             secret_name: "orders-tls".into(),

@@ -1,4 +1,5 @@
-//! Conversions between wire (`orisun`) messages and domain types.
+//! Conversions between wire (`orisun`, and Cairn's `cairn.v1` boundaries) messages and domain
+//! types.
 //!
 //! Wire → domain conversions are structural; validation rules live in `cairn-core` so that
 //! every entry point (gRPC, tests, tools) enforces the same contract.
@@ -9,6 +10,7 @@ use cairn_core::command::{Combinator, IndexCondition, IndexDefinition, IndexFiel
 use cairn_core::event::{RawEvent, StoredEvent};
 use cairn_core::{Criterion, Error, Observation, Position, Query, Tag};
 
+use crate::cairn_v1;
 use crate::orisun as pb;
 
 /// Wire → domain position.
@@ -133,7 +135,7 @@ pub fn boundary_to_wire(b: &BoundaryInfo) -> pb::BoundaryInfo {
     };
     pb::BoundaryInfo {
         name: b.name.clone(),
-        description: b.description.clone(),
+        description: described_with_options(b),
         placement: b.placement.as_ref().map(|p| pb::BoundaryPlacementInput {
             backend: p.backend.clone(),
             namespace: p.namespace.clone(),
@@ -143,6 +145,43 @@ pub fn boundary_to_wire(b: &BoundaryInfo) -> pb::BoundaryInfo {
         last_error: b.last_error.clone(),
         definition_position: Some(position_to_wire(b.definition_position)),
         status_position: Some(position_to_wire(b.status_position)),
+    }
+}
+
+/// What Orisun's boundary messages add to the description of a boundary with idempotent
+/// event ids: they have no field for Cairn's options, and a user reading a boundary with an
+/// Orisun client should still see that its duplicate ids are refused.
+pub const IDEMPOTENT_DESCRIPTION_NOTE: &str = "[cairn: idempotent event ids]";
+
+/// A boundary's description as Orisun's messages show it (see
+/// [`IDEMPOTENT_DESCRIPTION_NOTE`]).
+fn described_with_options(b: &BoundaryInfo) -> String {
+    match (b.idempotent_event_ids, b.description.is_empty()) {
+        (false, _) => b.description.clone(),
+        (true, true) => IDEMPOTENT_DESCRIPTION_NOTE.to_string(),
+        (true, false) => format!("{} {IDEMPOTENT_DESCRIPTION_NOTE}", b.description),
+    }
+}
+
+/// The name of a boundary status, as Cairn's messages carry it.
+pub fn boundary_status_name(status: BoundaryStatus) -> &'static str {
+    match status {
+        BoundaryStatus::Provisioning => "PROVISIONING",
+        BoundaryStatus::Active => "ACTIVE",
+        BoundaryStatus::Failed => "FAILED",
+    }
+}
+
+/// Boundary → Cairn's boundary message (`cairn.v1.Boundary`), with its options.
+pub fn boundary_to_cairn_wire(b: &BoundaryInfo, event_count: u64) -> cairn_v1::Boundary {
+    cairn_v1::Boundary {
+        name: b.name.clone(),
+        description: b.description.clone(),
+        options: Some(cairn_v1::BoundaryOptions {
+            idempotent_event_ids: b.idempotent_event_ids,
+        }),
+        status: boundary_status_name(b.status).to_string(),
+        event_count,
     }
 }
 

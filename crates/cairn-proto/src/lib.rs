@@ -25,6 +25,13 @@ pub mod cairn_v1 {
 pub const ORISUN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/orisun_descriptor.bin");
 /// Encoded `FileDescriptorSet` of Cairn's own services (peer port reflection).
 pub const CAIRN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/cairn_descriptor.bin");
+/// Encoded `FileDescriptorSet` of Cairn's extensions on the client port (`cairn.v1.Boundaries`).
+pub const CAIRN_CLIENT_FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!("generated/cairn_client_descriptor.bin");
+
+/// Encoded `FileDescriptorSet` of `google.rpc`'s error details: reflection serves it so that
+/// tools such as grpcurl can show the `ErrorInfo` detail of Cairn's structured errors.
+pub const ERROR_DETAILS_FILE_DESCRIPTOR_SET: &[u8] = tonic_types::pb::FILE_DESCRIPTOR_SET;
 
 /// Metadata key carrying the cluster secret on every `cairn.v1` call (peer port): nodes send
 /// it to each other, and tools and the operator send it to any node.

@@ -1,5 +1,5 @@
 //! The start-up writes: the session-token key, the bootstrap admin user, the admin
-//! boundary and the `--boundaries`. They are proposed by whichever node leads, each time a
+//! boundary, the `--boundaries` and the `--idempotent-boundaries`. They are proposed by whichever node leads, each time a
 //! node becomes leader, and only what the replicated catalog still lacks, so a cluster
 //! writes them once and a restart or a leader change writes nothing. A node serves once it
 //! has applied the token key (it authenticates with it), which is proposed last. Declared
@@ -14,7 +14,7 @@ use rand::RngCore;
 use tokio::task::JoinHandle;
 
 use crate::admin::create_user;
-use crate::config::defaults;
+use crate::config::{ServeConfig, defaults};
 use crate::state::NodeState;
 
 /// Description of the admin boundary in the catalog.
@@ -26,29 +26,69 @@ const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often a node still waiting for the start-up state says so.
 const WAITING_NOTICE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// A boundary the configuration declares.
+struct Declared {
+    name: String,
+    description: &'static str,
+    idempotent_event_ids: bool,
+}
+
 /// What the catalog still lacks of the start-up state.
 struct Missing {
     token_key: bool,
     admin_user: bool,
-    boundaries: Vec<(String, &'static str)>,
+    boundaries: Vec<Declared>,
+    /// Declared with idempotent event ids but created without them (the option is fixed at
+    /// creation).
+    plain_but_declared_idempotent: Vec<String>,
+}
+
+fn declared(config: &ServeConfig) -> Vec<Declared> {
+    let idempotent = |name: &str| config.idempotent_boundaries.iter().any(|b| b == name);
+    let mut declared = vec![Declared {
+        name: config.admin_boundary.clone(),
+        description: ADMIN_BOUNDARY_DESCRIPTION,
+        idempotent_event_ids: idempotent(&config.admin_boundary),
+    }];
+    for name in config
+        .boundaries
+        .iter()
+        .chain(&config.idempotent_boundaries)
+    {
+        if *name != config.admin_boundary {
+            declared.push(Declared {
+                name: name.clone(),
+                description: DECLARED_BOUNDARY_DESCRIPTION,
+                idempotent_event_ids: idempotent(name),
+            });
+        }
+    }
+    declared
 }
 
 fn missing(node: &NodeState) -> Missing {
     let config = &node.config;
-    let wanted = std::iter::once((config.admin_boundary.clone(), ADMIN_BOUNDARY_DESCRIPTION))
-        .chain(
-            config
-                .boundaries
-                .iter()
-                .filter(|name| **name != config.admin_boundary)
-                .map(|name| (name.clone(), DECLARED_BOUNDARY_DESCRIPTION)),
-        );
-    node.store().with_catalog(|c| Missing {
-        token_key: c.token_key.is_none(),
-        admin_user: c.user_by_name(&config.admin_username).is_none(),
-        boundaries: wanted
-            .filter(|(name, _)| !c.boundaries.contains_key(name))
-            .collect(),
+    let declared = declared(config);
+    node.store().with_catalog(|c| {
+        let plain_but_declared_idempotent = declared
+            .iter()
+            .filter(|d| {
+                d.idempotent_event_ids
+                    && c.boundaries
+                        .get(&d.name)
+                        .is_some_and(|b| !b.idempotent_event_ids)
+            })
+            .map(|d| d.name.clone())
+            .collect();
+        Missing {
+            token_key: c.token_key.is_none(),
+            admin_user: c.user_by_name(&config.admin_username).is_none(),
+            boundaries: declared
+                .into_iter()
+                .filter(|d| !c.boundaries.contains_key(&d.name))
+                .collect(),
+            plain_but_declared_idempotent,
+        }
     })
 }
 
@@ -70,16 +110,22 @@ async fn propose_missing(node: &NodeState) -> Result<(), Error> {
         )
         .await?;
     }
-    for (name, description) in missing.boundaries {
+    for boundary in missing.boundaries {
         node.execute(Command::CreateBoundary {
-            name,
-            description: description.to_string(),
+            name: boundary.name,
+            description: boundary.description.to_string(),
             placement: None,
             existed_before_catalog: false,
-            idempotent_event_ids: false,
+            idempotent_event_ids: boundary.idempotent_event_ids,
             if_absent: true,
         })
         .await?;
+    }
+    for name in missing.plain_but_declared_idempotent {
+        tracing::warn!(
+            "boundary \"{name}\" is in --idempotent-boundaries but was created without idempotent event ids; \
+             the option is fixed when a boundary is created, so its writes keep Orisun's behaviour (duplicate ids are stored)"
+        );
     }
     // Last: a node serves once it has the token key, and log order then guarantees it has
     // the admin user and the boundaries of the first start as well.

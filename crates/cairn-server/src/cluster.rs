@@ -54,15 +54,15 @@ pub async fn status(node: &NodeState) -> Result<pb::StatusResponse, Error> {
     let view = node.raft.view();
     let boundaries = node
         .blocking(|store| {
-            let boundaries: Vec<(String, u32)> = store.with_catalog(|c| {
+            let boundaries: Vec<(String, u32, bool)> = store.with_catalog(|c| {
                 c.boundaries
                     .values()
-                    .map(|b| (b.name.clone(), b.id))
+                    .map(|b| (b.name.clone(), b.id, b.idempotent_event_ids))
                     .collect()
             });
             boundaries
                 .into_iter()
-                .map(|(name, id)| {
+                .map(|(name, id, idempotent_event_ids)| {
                     let last = store.read_events(
                         id,
                         &Query::default(),
@@ -77,6 +77,7 @@ pub async fn status(node: &NodeState) -> Result<pb::StatusResponse, Error> {
                         name,
                         commit_position: commit,
                         prepare_position: prepare,
+                        idempotent_event_ids,
                     })
                 })
                 .collect()

@@ -187,6 +187,7 @@ pub fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
                 "name": b.name,
                 "commit_position": b.commit_position,
                 "prepare_position": b.prepare_position,
+                "idempotent_event_ids": b.idempotent_event_ids,
             }))
             .collect::<Vec<_>>(),
         "version": s.version,
@@ -232,8 +233,15 @@ pub fn status_text(s: &pb::StatusResponse) -> String {
         for b in &s.boundaries {
             let _ = writeln!(
                 out,
-                "  {}  ({}, {})",
-                b.name, b.commit_position, b.prepare_position
+                "  {}  ({}, {}){}",
+                b.name,
+                b.commit_position,
+                b.prepare_position,
+                if b.idempotent_event_ids {
+                    "  idempotent event ids"
+                } else {
+                    ""
+                }
             );
         }
     }
@@ -267,11 +275,20 @@ mod tests {
                 },
             ],
             followers: vec![],
-            boundaries: vec![pb::BoundaryHead {
-                name: "orders".into(),
-                commit_position: 7,
-                prepare_position: 0,
-            }],
+            boundaries: vec![
+                pb::BoundaryHead {
+                    name: "orders".into(),
+                    commit_position: 7,
+                    prepare_position: 0,
+                    idempotent_event_ids: false,
+                },
+                pb::BoundaryHead {
+                    name: "payments".into(),
+                    commit_position: 3,
+                    prepare_position: 2,
+                    idempotent_event_ids: true,
+                },
+            ],
             version: "0.1.0".into(),
         }
     }
@@ -284,11 +301,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("    4  learner  d:5006"), "{text}");
-        assert!(text.contains("  orders  (7, 0)"), "{text}");
+        assert!(text.contains("  orders  (7, 0)\n"), "{text}");
+        assert!(
+            text.contains("  payments  (3, 2)  idempotent event ids\n"),
+            "{text}"
+        );
         let value = status_json(&sample());
         assert_eq!(value["leader_id"], 1);
         assert_eq!(value["members"][1]["voter"], false);
         assert_eq!(value["boundaries"][0]["commit_position"], 7);
+        assert_eq!(value["boundaries"][1]["idempotent_event_ids"], true);
         let mut leaderless = sample();
         leaderless.leader_id = 0;
         leaderless.leader_address.clear();

@@ -121,6 +121,14 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_BOUNDARIES", default_value = defaults::BOUNDARIES, value_delimiter = ',')]
     pub boundaries: Vec<String>,
 
+    /// Comma-separated boundaries to create at start-up if missing, with idempotent event
+    /// ids (X1): a write that repeats an earlier write's event ids and events unchanged gets
+    /// that write's result and stores nothing; any other reuse of a stored id is refused
+    /// with ALREADY_EXISTS. The option is fixed when a boundary is created: naming an
+    /// existing plain boundary here only logs a warning. Empty by default.
+    #[arg(long, env = "CAIRN_IDEMPOTENT_BOUNDARIES", value_delimiter = ',')]
+    pub idempotent_boundaries: Vec<String>,
+
     /// The admin boundary, created at start-up and always ACTIVE: stock Orisun clients read
     /// it in their start-up health check (Orisun's ORISUN_ADMIN_BOUNDARY). Cairn keeps its
     /// own catalog elsewhere, so it holds only what clients write to it.
@@ -265,8 +273,11 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// HTTP address.
     pub http_listen: SocketAddr,
-    /// Boundaries to ensure at start-up.
+    /// Boundaries to ensure at start-up (plain ones; see `idempotent_boundaries`).
     pub boundaries: Vec<String>,
+    /// Boundaries to ensure at start-up with idempotent event ids (X1); none of them is
+    /// also in `boundaries`.
+    pub idempotent_boundaries: Vec<String>,
     /// The admin boundary (B5), also ensured at start-up.
     pub admin_boundary: String,
     /// Bootstrap admin name.
@@ -432,17 +443,10 @@ impl ServeArgs {
             self.node_id
         };
         let (cluster, advertise_addr) = self.cluster_config(node_id)?;
-        let mut boundaries: Vec<String> = self
-            .boundaries
-            .into_iter()
-            .map(|b| b.trim().to_string())
-            .filter(|b| !b.is_empty())
-            .collect();
-        boundaries.sort();
-        boundaries.dedup();
-        for b in &boundaries {
-            validate_boundary_name(b).map_err(|e| ConfigError(format!("--boundaries: {e}")))?;
-        }
+        let idempotent_boundaries =
+            boundary_list(self.idempotent_boundaries, "--idempotent-boundaries")?;
+        let mut boundaries = boundary_list(self.boundaries, "--boundaries")?;
+        boundaries.retain(|b| !idempotent_boundaries.contains(b));
         let admin_boundary = self.admin_boundary.trim().to_string();
         validate_boundary_name(&admin_boundary)
             .map_err(|e| ConfigError(format!("--admin-boundary: {e}")))?;
@@ -500,6 +504,7 @@ impl ServeArgs {
             listen: self.listen,
             http_listen: self.http_listen,
             boundaries,
+            idempotent_boundaries,
             admin_boundary,
             admin_username: self.admin_username,
             admin_password: self.admin_password,
@@ -636,6 +641,21 @@ fn node_id_from_hostname(hostname: &str) -> Result<u64, ConfigError> {
         })
 }
 
+/// A flag's boundary names: trimmed, validated, sorted, without duplicates.
+fn boundary_list(names: Vec<String>, flag: &str) -> Result<Vec<String>, ConfigError> {
+    let mut names: Vec<String> = names
+        .into_iter()
+        .map(|b| b.trim().to_string())
+        .filter(|b| !b.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    for b in &names {
+        validate_boundary_name(b).map_err(|e| ConfigError(format!("{flag}: {e}")))?;
+    }
+    Ok(names)
+}
+
 impl ServeConfig {
     /// A configuration for tests and embedding: loopback, ephemeral ports.
     pub fn for_test(data_dir: PathBuf) -> ServeConfig {
@@ -644,6 +664,7 @@ impl ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             boundaries: vec![defaults::BOUNDARIES.to_string()],
+            idempotent_boundaries: Vec::new(),
             admin_boundary: defaults::ADMIN_BOUNDARY.to_string(),
             admin_username: defaults::ADMIN_USERNAME.to_string(),
             admin_password: defaults::ADMIN_PASSWORD.to_string(),
@@ -698,6 +719,11 @@ mod tests {
         let c = parse(&["--boundaries", "b,a,b"]).expect("valid");
         assert_eq!(c.boundaries, vec!["a", "b"]);
         assert!(parse(&["--boundaries", "1bad"]).is_err());
+        let c = parse(&["--boundaries", "a,b", "--idempotent-boundaries", "c,b,c"]).expect("valid");
+        assert_eq!(c.boundaries, vec!["a"]);
+        assert_eq!(c.idempotent_boundaries, vec!["b", "c"]);
+        assert!(parse(&["--idempotent-boundaries", "ok,no-dash"]).is_err());
+        assert!(parse(&[]).expect("valid").idempotent_boundaries.is_empty());
         assert!(parse(&["--admin-boundary", "9bad-name"]).is_err());
         assert_eq!(
             parse(&["--admin-boundary", "ops"])

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod auth;
 pub mod bootstrap;
+pub mod boundaries;
 pub mod cli;
 pub mod cluster;
 pub mod cluster_cli;

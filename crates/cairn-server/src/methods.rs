@@ -61,6 +61,9 @@ pub const METHODS: &[Method] = &[
     method("/orisun.Admin/ValidateCredentials", ADMINS),
     method("/orisun.Admin/GetUserCount", ADMINS),
     method("/orisun.Admin/GetEventCount", Access::AnyUser),
+    method("/cairn.v1.Boundaries/CreateBoundary", ADMINS),
+    method("/cairn.v1.Boundaries/GetBoundary", Access::AnyUser),
+    method("/cairn.v1.Boundaries/ListBoundaries", Access::AnyUser),
     method("/grpc.health.v1.Health/Check", Access::Public),
     method("/grpc.health.v1.Health/Watch", Access::Public),
     method(
@@ -79,9 +82,11 @@ pub fn lookup(path: &str) -> Option<&'static Method> {
 }
 
 /// The descriptor sets the client port serves (and its reflection describes).
-pub fn served_descriptor_sets() -> [&'static [u8]; 4] {
+pub fn served_descriptor_sets() -> [&'static [u8]; 6] {
     [
         cairn_proto::ORISUN_FILE_DESCRIPTOR_SET,
+        cairn_proto::CAIRN_CLIENT_FILE_DESCRIPTOR_SET,
+        cairn_proto::ERROR_DETAILS_FILE_DESCRIPTOR_SET,
         tonic_health::pb::FILE_DESCRIPTOR_SET,
         tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
         tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,

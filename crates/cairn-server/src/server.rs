@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use cairn_proto::cairn_v1::boundaries_server::BoundariesServer;
 use cairn_proto::cairn_v1::cluster_server::ClusterServer;
 use cairn_proto::cairn_v1::raft_server::RaftServer;
 use cairn_proto::orisun::admin_server::AdminServer;
@@ -25,6 +26,7 @@ use tonic_health::server::HealthReporter;
 use crate::admin::AdminService;
 use crate::auth::Authenticator;
 use crate::bootstrap;
+use crate::boundaries::BoundariesService;
 use crate::config::{Membership, ServeConfig};
 use crate::event_store::EventStoreService;
 use crate::grpc_layer::GrpcLayer;
@@ -327,14 +329,19 @@ async fn serve_on(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
-    // Reflection describes the Orisun services and health (grpcurl needs the health
+    // Reflection describes the Orisun services, Cairn's client-port extensions, the error
+    // details Cairn's statuses carry, and health (grpcurl needs the health
     // schema to call it); the reflection services add their own descriptors.
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(cairn_proto::ORISUN_FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(cairn_proto::CAIRN_CLIENT_FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(cairn_proto::ERROR_DETAILS_FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(cairn_proto::ORISUN_FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(cairn_proto::CAIRN_CLIENT_FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(cairn_proto::ERROR_DETAILS_FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let max = config.max_message_bytes;
@@ -343,6 +350,11 @@ async fn serve_on(
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
     let admin = AdminServer::new(AdminService::new(ready.clone()))
+        .max_decoding_message_size(max)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Gzip);
+
+    let boundaries = BoundariesServer::new(BoundariesService::new(ready.clone()))
         .max_decoding_message_size(max)
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
@@ -357,6 +369,7 @@ async fn serve_on(
             .add_service(reflection_v1alpha)
             .add_service(event_store)
             .add_service(admin)
+            .add_service(boundaries)
             .serve_with_incoming_shutdown(
                 nodelay_incoming(grpc_listener, "client"),
                 grpc_stop.clone().cancelled_owned(),

@@ -4,12 +4,14 @@ use std::collections::{HashMap, HashSet};
 
 use cairn_core::boundary::{BoundaryInfo, BoundaryStatus};
 use cairn_core::command::{Append, Applied, Command, Outcome};
+use cairn_core::error::EventIdReuse;
+use cairn_core::event::NewEvent;
 use cairn_core::{Criterion, Error, Position, Query};
 use rocksdb::{WriteBatch, WriteOptions};
 
 use crate::catalog::{Catalog, Lease, encode_json};
 use crate::keys::{self, meta};
-use crate::{CF_EVENTS, CF_SM_META, CF_TAGS, CF_WRITES, Store, StoreError};
+use crate::{CF_EVENT_IDS, CF_EVENTS, CF_SM_META, CF_TAGS, CF_WRITES, Store, StoreError};
 
 /// Catalog changes to publish once the batch holding them is durable in RocksDB.
 type CatalogUpdate = Box<dyn FnOnce(&mut Catalog) + Send>;
@@ -313,8 +315,16 @@ impl Store {
     }
 
     fn active_boundary_id(&self, name: &str) -> Result<u32, Planned> {
-        self.with_catalog(|c| c.active_boundary(name).map(|b| b.id))
-            .ok_or_else(|| Planned::Rejected(Error::BoundaryNotActive(name.to_string())))
+        self.active_boundary(name).map(|(bid, _)| bid)
+    }
+
+    /// Id of an active boundary and whether its event ids are idempotent (X1).
+    fn active_boundary(&self, name: &str) -> Result<(u32, bool), Planned> {
+        self.with_catalog(|c| {
+            c.active_boundary(name)
+                .map(|b| (b.id, b.idempotent_event_ids))
+        })
+        .ok_or_else(|| Planned::Rejected(Error::BoundaryNotActive(name.to_string())))
     }
 
     /// Applies a run of appends as ONE atomic RocksDB batch, with `marker`. Each append's
@@ -370,16 +380,24 @@ impl Store {
         observed
     }
 
-    fn plan_append(
+    fn plan_append<'a>(
         &self,
-        append: &Append,
+        append: &'a Append,
         batch: &mut WriteBatch,
-        pending: &mut Pending,
+        pending: &mut Pending<'a>,
     ) -> Result<Outcome, Planned> {
-        let bid = self.active_boundary_id(&append.boundary)?;
+        let (bid, idempotent_ids) = self.active_boundary(&append.boundary)?;
         if append.events.is_empty() {
             // Validated before proposing; kept so a malformed entry cannot underflow below.
             return Err(Planned::Rejected(Error::invalid("events is empty")));
+        }
+        // X1 before C2: an identical retry answers with its write's original result whatever
+        // its observations say now (they held when that write committed).
+        if idempotent_ids
+            && let Some(last) =
+                self.check_event_ids(&append.boundary, bid, &append.events, pending)?
+        {
+            return Ok(Ok(Applied::Appended { last }));
         }
         // C2: every observation must hold exactly. Earlier entries are already written and
         // earlier appends of this batch are in `pending`, so both count (C3); this append's
@@ -431,6 +449,26 @@ impl Store {
                 pending.tag_rows.push((row, prepare, commit));
             }
         }
+        if idempotent_ids {
+            let ids_cf = self.cf(CF_EVENT_IDS)?;
+            for (i, event) in append.events.iter().enumerate() {
+                let prepare = first + i as u64;
+                batch.put_cf(
+                    ids_cf,
+                    keys::event_id_key(bid, &event.event_id),
+                    keys::encode_event_id_value(prepare),
+                );
+                pending.ids.insert(
+                    (bid, event.event_id.as_str()),
+                    PendingEvent {
+                        prepare,
+                        commit,
+                        write_first: first,
+                        event,
+                    },
+                );
+            }
+        }
         if !append.observations.is_empty() {
             batch.put_cf(
                 self.cf(CF_WRITES)?,
@@ -443,12 +481,168 @@ impl Store {
             last: Position::of_event(commit - 1, commit),
         }))
     }
+
+    /// X1: `Some(last)` when `events` repeat one committed write exactly (its result is
+    /// the answer), `None` when no id is stored yet; any other reuse of a stored id, or an
+    /// id twice in `events`, is a rejection.
+    fn check_event_ids(
+        &self,
+        boundary: &str,
+        bid: u32,
+        events: &[NewEvent],
+        pending: &Pending<'_>,
+    ) -> Result<Option<Position>, Planned> {
+        let mut seen = HashSet::with_capacity(events.len());
+        for (i, event) in events.iter().enumerate() {
+            if !seen.insert(event.event_id.as_str()) {
+                return Err(Planned::Rejected(Error::invalid(format!(
+                    "event {i}: event_id {:?} appears more than once in the write; boundary \
+                     {boundary:?} has idempotent event ids, so an id names one event",
+                    event.event_id
+                ))));
+            }
+        }
+        let mut found = Vec::with_capacity(events.len());
+        for event in events {
+            found.push(self.find_event_id(bid, &event.event_id, pending)?);
+        }
+        let Some((hit_index, hit)) = found
+            .iter()
+            .enumerate()
+            .find_map(|(i, f)| f.as_ref().map(|f| (i, f)))
+        else {
+            return Ok(None);
+        };
+        let exists = |reason| {
+            Planned::Rejected(Error::EventIdExists {
+                boundary: boundary.to_string(),
+                event_id: events[hit_index].event_id.clone(),
+                position: Position::of_event(hit.prepare, hit.commit),
+                reason,
+            })
+        };
+        let found: Vec<&Found> = found.iter().flatten().collect();
+        if found.len() < events.len() {
+            return Err(exists(EventIdReuse::PartialOverlap));
+        }
+        let commit = found[0].commit;
+        if found.iter().any(|f| f.commit != commit) {
+            return Err(exists(EventIdReuse::SeveralWrites));
+        }
+        // The ids are distinct events of one write, all in [lowest, commit): they are that
+        // whole write exactly when they fill the range and the range starts the write.
+        let lowest = found
+            .iter()
+            .copied()
+            .min_by_key(|f| f.prepare)
+            .unwrap_or(found[0]);
+        if lowest.prepare + events.len() as u64 != commit || !self.write_starts_at(bid, lowest)? {
+            return Err(exists(EventIdReuse::PartialOverlap));
+        }
+        if found
+            .iter()
+            .enumerate()
+            .any(|(i, f)| f.prepare != lowest.prepare + i as u64)
+        {
+            return Err(exists(EventIdReuse::Altered));
+        }
+        let same = events.iter().zip(&found).all(|(e, f)| {
+            e.event_type == f.event_type && e.data == f.data && e.metadata == f.metadata
+        });
+        if !same {
+            return Err(exists(EventIdReuse::Altered));
+        }
+        Ok(Some(Position::of_event(commit - 1, commit)))
+    }
+
+    /// The event with `event_id` in boundary `bid`, pending in this batch or stored.
+    fn find_event_id(
+        &self,
+        bid: u32,
+        event_id: &str,
+        pending: &Pending<'_>,
+    ) -> Result<Option<Found>, StoreError> {
+        if let Some(p) = pending.ids.get(&(bid, event_id)) {
+            return Ok(Some(Found {
+                prepare: p.prepare,
+                commit: p.commit,
+                write_first: Some(p.write_first),
+                event_type: p.event.event_type.clone(),
+                data: p.event.data.clone(),
+                metadata: p.event.metadata.clone(),
+            }));
+        }
+        let db = &self.inner.db;
+        let Some(value) = db.get_cf(self.cf(CF_EVENT_IDS)?, keys::event_id_key(bid, event_id))?
+        else {
+            return Ok(None);
+        };
+        let prepare = keys::decode_event_id_value(&value)?;
+        let row = db
+            .get_cf(self.cf(CF_EVENTS)?, keys::event_key(bid, prepare))?
+            .ok_or_else(|| {
+                StoreError::corrupt(
+                    "event_ids",
+                    &format!("event id {event_id:?} points at missing event {prepare}"),
+                )
+            })?;
+        let stored = keys::decode_event(prepare, &row)?;
+        Ok(Some(Found {
+            prepare,
+            commit: stored.position.commit as u64,
+            write_first: None,
+            event_type: stored.event_type,
+            data: stored.data,
+            metadata: stored.metadata,
+        }))
+    }
+
+    /// Whether `found` is the first event of its write.
+    fn write_starts_at(&self, bid: u32, found: &Found) -> Result<bool, StoreError> {
+        if let Some(first) = found.write_first {
+            return Ok(first == found.prepare);
+        }
+        let Some(before) = found.prepare.checked_sub(1) else {
+            return Ok(true);
+        };
+        // A stored event's whole write is stored, so its predecessor is too.
+        let row = self
+            .inner
+            .db
+            .get_cf(self.cf(CF_EVENTS)?, keys::event_key(bid, before))?
+            .ok_or_else(|| {
+                StoreError::corrupt(
+                    "events",
+                    &format!("event {before} is below the head but missing"),
+                )
+            })?;
+        Ok(keys::commit_of_event_value(&row)? != found.commit)
+    }
 }
 
-/// What a batch of appends adds before it is written: heads and posting lists, so later
-/// appends of the batch see earlier ones.
+/// An event found by its id (X1), with what an identical retry must repeat.
+struct Found {
+    prepare: u64,
+    commit: u64,
+    /// First prepare of its write, when known without a read (pending in this batch).
+    write_first: Option<u64>,
+    event_type: String,
+    data: String,
+    metadata: String,
+}
+
+/// An event of an idempotent boundary appended earlier in the same batch.
+struct PendingEvent<'a> {
+    prepare: u64,
+    commit: u64,
+    write_first: u64,
+    event: &'a NewEvent,
+}
+
+/// What a batch of appends adds before it is written: heads, posting lists and event ids,
+/// so later appends of the batch see earlier ones.
 #[derive(Default)]
-struct Pending {
+struct Pending<'a> {
     /// Next prepare position per boundary.
     heads: HashMap<u32, u64>,
     /// Posting lists some later append of the run observes (see
@@ -459,9 +653,11 @@ struct Pending {
     /// Pending (prepare, commit) per posting list (keyed by its `tags` prefix, which names
     /// boundary, key and value and is computed for the RocksDB row anyway), ascending.
     postings: HashMap<Vec<u8>, Vec<(u64, u64)>>,
+    /// Event ids appended to idempotent boundaries (X1), by boundary id.
+    ids: HashMap<(u32, &'a str), PendingEvent<'a>>,
 }
 
-impl Pending {
+impl Pending<'_> {
     /// Newest pending position matching `query`, if any.
     fn latest(&self, bid: u32, query: &Query) -> Option<Position> {
         if self.postings.is_empty() {

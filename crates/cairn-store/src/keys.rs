@@ -179,6 +179,25 @@ pub fn write_key(bid: u32, commit: u64) -> [u8; 12] {
     event_key(bid, commit)
 }
 
+/// `event_ids`: boundary id · event id (X1). The value is the event's prepare position
+/// ([`encode_event_id_value`]); the event row there has everything else.
+pub fn event_id_key(bid: u32, event_id: &str) -> Vec<u8> {
+    [&bid.to_be_bytes()[..], event_id.as_bytes()].concat()
+}
+
+/// An `event_ids` value: the prepare position, big-endian.
+pub fn encode_event_id_value(prepare: u64) -> [u8; 8] {
+    prepare.to_be_bytes()
+}
+
+/// Prepare position of an `event_ids` value.
+pub fn decode_event_id_value(value: &[u8]) -> Result<u64, StoreError> {
+    let bytes: [u8; 8] = value
+        .try_into()
+        .map_err(|_| StoreError::corrupt("event_ids", "value is not 8 bytes"))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
 /// Typed keys of `sm_meta`.
 pub mod meta {
     /// Opaque applied-state marker of the Raft layer (last applied log id, membership).

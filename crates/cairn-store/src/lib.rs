@@ -40,7 +40,7 @@ pub const CF_EVENTS: &str = "events";
 pub const CF_TAGS: &str = "tags";
 /// Normalised observations of conditional writes, by boundary id · commit.
 pub const CF_WRITES: &str = "writes";
-/// Reserved for idempotent event ids (X1).
+/// Event ids of boundaries with idempotent event ids (X1): boundary id · event id → prepare.
 pub const CF_EVENT_IDS: &str = "event_ids";
 /// Catalog, users, indexes, leases, applied marker.
 pub const CF_SM_META: &str = "sm_meta";
@@ -66,7 +66,10 @@ pub const ALL_CFS: [&str; 7] = [
 /// 3: one posting-list row per list and write, holding every event of the write that
 ///    carries the tag. A format-2 row is a valid one-event row, so format-2 directories are
 ///    upgraded in place (only the marker changes).
-pub const STORE_FORMAT: u32 = 3;
+/// 4: `event_ids` indexes the event ids of boundaries with idempotent event ids (X1). A
+///    format-3 directory has no such boundary, so it is upgraded in place; a build that
+///    reads only format 3 refuses format 4 rather than store duplicates it should refuse.
+pub const STORE_FORMAT: u32 = 4;
 /// The oldest format [`check_format`] upgrades to [`STORE_FORMAT`] instead of refusing.
 const UPGRADABLE_FORMAT: u32 = 2;
 
@@ -449,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn format_two_is_upgraded_in_place_and_format_one_refused() {
+    fn formats_two_and_three_are_upgraded_in_place_and_format_one_refused() {
         let dir = tempfile::tempdir().expect("dir");
         let opts = StoreOptions::default();
         let set_format = |format: u32| {
@@ -461,12 +464,18 @@ mod tests {
                 .expect("put");
             store.flush().expect("flush");
         };
-        set_format(2);
-        let store = Store::open(dir.path(), &opts).expect("format 2 opens");
-        let cf = store.cf(CF_SM_META).expect("cf");
-        let marker = store.db().get_cf(cf, keys::meta::FORMAT).expect("get");
-        assert_eq!(marker, Some(catalog::encode_json(&STORE_FORMAT)));
-        drop(store);
+        for old in [2, 3] {
+            set_format(old);
+            let store = Store::open(dir.path(), &opts).expect("an older format opens");
+            let cf = store.cf(CF_SM_META).expect("cf");
+            let marker = store.db().get_cf(cf, keys::meta::FORMAT).expect("get");
+            assert_eq!(
+                marker,
+                Some(catalog::encode_json(&STORE_FORMAT)),
+                "from {old}"
+            );
+            drop(store);
+        }
         set_format(1);
         let err = Store::open(dir.path(), &opts).expect_err("format 1");
         assert!(

@@ -1,23 +1,47 @@
 //! Model-based test of the CCC store: random operations run against the RocksDB store and a
 //! naive in-memory model (a Vec scanned linearly) must produce identical outcomes,
-//! positions and results. Runs ≥ 10,000 operations per run (CASES × OPS_PER_CASE).
+//! positions and results. Runs ≥ 10,000 operations per run (CASES × OPS_PER_CASE), once on
+//! a plain boundary and once on a boundary with idempotent event ids (X1), where the
+//! generated writes also reuse ids: identical retries, retries with altered payloads, and
+//! ids taken from several earlier writes.
 
 use std::collections::BTreeMap;
 
 use cairn_core::command::{Append, Applied, Command, Outcome};
+use cairn_core::error::EventIdReuse;
 use cairn_core::event::{NewEvent, RawEvent};
 use cairn_core::query::normalize_observations;
 use cairn_core::{Criterion, Error, Observation, Position, Query};
 use cairn_store::{Direction, ReadStart, Store, StoreOptions};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 
-/// Outcome tallies, so the test proves it exercised both sides of the CCC rule.
-static COMMITS: AtomicUsize = AtomicUsize::new(0);
-static CONFLICTS: AtomicUsize = AtomicUsize::new(0);
-static CONDITIONAL_COMMITS: AtomicUsize = AtomicUsize::new(0);
-static NON_EMPTY_READS: AtomicUsize = AtomicUsize::new(0);
+/// Outcome tallies of the current thread's run, so each test proves it exercised both
+/// sides of the CCC rule (and of X1) on its own.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    commits: usize,
+    conflicts: usize,
+    conditional_commits: usize,
+    non_empty_reads: usize,
+    /// Identical retries answered with their original result.
+    retries: usize,
+    /// Id reuses refused (EventIdExists) and ids twice in one write (InvalidArgument).
+    id_refusals: usize,
+}
+
+thread_local! {
+    static TALLY: Cell<Tally> = Cell::new(Tally::default());
+}
+
+fn tally(f: impl FnOnce(&mut Tally)) {
+    TALLY.with(|t| {
+        let mut tally = t.get();
+        f(&mut tally);
+        t.set(tally);
+    });
+}
 
 const CASES: u32 = 50;
 const OPS_PER_CASE: usize = 220;
@@ -28,12 +52,15 @@ struct ModelEvent {
     event_id: String,
     event_type: String,
     data: String,
+    metadata: String,
     scalars: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default)]
 struct Model {
     events: Vec<ModelEvent>,
+    /// X1: the boundary refuses reused event ids unless a write is repeated exactly.
+    idempotent: bool,
 }
 
 impl Model {
@@ -45,7 +72,62 @@ impl Model {
             .map_or(Position::NONE, |e| e.position)
     }
 
+    /// X1, naively: scan the whole log for each id.
+    fn check_ids(&self, events: &[NewEvent]) -> Option<Outcome> {
+        let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+        if (1..ids.len()).any(|i| ids[..i].contains(&ids[i])) {
+            return Some(Err(Error::invalid("duplicate id")));
+        }
+        let hits: Vec<Option<&ModelEvent>> = ids
+            .iter()
+            .map(|id| self.events.iter().find(|m| m.event_id == *id))
+            .collect();
+        let hit = hits.iter().flatten().next()?;
+        let hit_id = ids[hits.iter().position(Option::is_some)?];
+        let refuse = |reason| {
+            Some(Err(Error::EventIdExists {
+                boundary: "b".into(),
+                event_id: hit_id.to_string(),
+                position: hit.position,
+                reason,
+            }))
+        };
+        if hits.iter().any(Option::is_none) {
+            return refuse(EventIdReuse::PartialOverlap);
+        }
+        let commit = hit.position.commit;
+        if hits.iter().flatten().any(|m| m.position.commit != commit) {
+            return refuse(EventIdReuse::SeveralWrites);
+        }
+        let write: Vec<&ModelEvent> = self
+            .events
+            .iter()
+            .filter(|m| m.position.commit == commit)
+            .collect();
+        if write.len() != events.len() {
+            return refuse(EventIdReuse::PartialOverlap);
+        }
+        let identical = write.iter().zip(events).all(|(m, e)| {
+            m.event_id == e.event_id
+                && m.event_type == e.event_type
+                && m.data == e.data
+                && m.metadata == e.metadata
+        });
+        if !identical {
+            return refuse(EventIdReuse::Altered);
+        }
+        tally(|t| t.retries += 1);
+        Some(Ok(Applied::Appended {
+            last: write[write.len() - 1].position,
+        }))
+    }
+
     fn apply(&mut self, observations: &[Observation], events: &[NewEvent]) -> Outcome {
+        if self.idempotent
+            && let Some(outcome) = self.check_ids(events)
+        {
+            return outcome;
+        }
         for o in observations {
             let actual = self.latest(&o.query);
             if actual != o.position {
@@ -63,6 +145,7 @@ impl Model {
                 event_id: e.event_id.clone(),
                 event_type: e.event_type.clone(),
                 data: e.data.clone(),
+                metadata: e.metadata.clone(),
                 scalars: e
                     .tags
                     .iter()
@@ -121,6 +204,22 @@ enum Op {
 struct AppendSpec {
     events: Vec<Vec<(u8, u8)>>,
     observations: Vec<(QuerySpec, PositionChoice)>,
+    ids: IdChoice,
+}
+
+/// Where an append's event ids come from.
+#[derive(Debug, Clone, Copy)]
+enum IdChoice {
+    /// Fresh ids.
+    Fresh,
+    /// Resend an earlier append (by index, modulo) exactly: a retry.
+    Retry(usize),
+    /// Resend an earlier append with one event's data changed.
+    RetryAltered(usize),
+    /// Fresh ids, but the first one taken from an earlier append.
+    ReuseOne(usize),
+    /// The first id twice.
+    Duplicate,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -172,8 +271,15 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             let spec = (
                 prop::collection::vec(prop::collection::vec(tag_strategy(), 0..4), 1..8),
                 prop::collection::vec((query_strategy(1), position), 0..3),
+                prop_oneof![
+                    12 => Just(IdChoice::Fresh),
+                    3 => (0..64usize).prop_map(IdChoice::Retry),
+                    1 => (0..64usize).prop_map(IdChoice::RetryAltered),
+                    1 => (0..64usize).prop_map(IdChoice::ReuseOne),
+                    1 => Just(IdChoice::Duplicate),
+                ],
             )
-                .prop_map(|(events, observations)| AppendSpec { events, observations })
+                .prop_map(|(events, observations, ids)| AppendSpec { events, observations, ids })
                 .boxed();
             prop_oneof![
                 3 => prop::collection::vec(spec.clone(), 1..=1),
@@ -237,7 +343,15 @@ fn new_event(id: u64, tags: &[(u8, u8)]) -> NewEvent {
     .expect("generated events are valid")
 }
 
-fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// Same outcome, comparing validation errors by kind only (their wording is not modelled).
+fn same_outcome(actual: &Outcome, expected: &Outcome) -> bool {
+    match (actual, expected) {
+        (Err(Error::InvalidArgument(_)), Err(Error::InvalidArgument(_))) => true,
+        _ => actual == expected,
+    }
+}
+
+fn run_ops(ops: Vec<Op>, idempotent: bool) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
     let store = Store::open(dir.path(), &StoreOptions::default())
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -248,7 +362,7 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 description: String::new(),
                 placement: None,
                 existed_before_catalog: false,
-                idempotent_event_ids: false,
+                idempotent_event_ids: idempotent,
                 if_absent: false,
             },
             b"m",
@@ -258,9 +372,14 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
         return Err(TestCaseError::fail("boundary not created"));
     };
     let bid = info.id;
-    let mut model = Model::default();
+    let mut model = Model {
+        idempotent,
+        ..Model::default()
+    };
     let mut remembered: Vec<Position> = vec![Position::NONE];
     let mut next_id = 0u64;
+    // Every append sent so far, for retries and reuse.
+    let mut sent: Vec<Vec<NewEvent>> = Vec::new();
 
     for op in ops {
         match op {
@@ -268,14 +387,40 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let mut group = Vec::new();
                 let mut expected = Vec::new();
                 for spec in specs {
-                    let events: Vec<NewEvent> = spec
-                        .events
-                        .iter()
-                        .map(|tags| {
-                            next_id += 1;
-                            new_event(next_id, tags)
-                        })
-                        .collect();
+                    let mut fresh = |tags: &Vec<(u8, u8)>| {
+                        next_id += 1;
+                        new_event(next_id, tags)
+                    };
+                    let earlier = |i: usize| sent.get(i % sent.len().max(1)).cloned();
+                    let events: Vec<NewEvent> = match spec.ids {
+                        IdChoice::Retry(i) => earlier(i)
+                            .unwrap_or_else(|| spec.events.iter().map(&mut fresh).collect()),
+                        IdChoice::RetryAltered(i) => match earlier(i) {
+                            Some(mut events) => {
+                                let last = events.len() - 1;
+                                events[last].data = r#"{"altered":true}"#.into();
+                                events
+                            }
+                            None => spec.events.iter().map(&mut fresh).collect(),
+                        },
+                        IdChoice::ReuseOne(i) => {
+                            let mut events: Vec<NewEvent> =
+                                spec.events.iter().map(&mut fresh).collect();
+                            if let Some(earlier) = earlier(i) {
+                                events[0].event_id = earlier[0].event_id.clone();
+                            }
+                            events
+                        }
+                        IdChoice::Duplicate => {
+                            let mut events: Vec<NewEvent> =
+                                spec.events.iter().map(&mut fresh).collect();
+                            let first = events[0].clone();
+                            events.push(first);
+                            events
+                        }
+                        IdChoice::Fresh => spec.events.iter().map(&mut fresh).collect(),
+                    };
+                    sent.push(events.clone());
                     let raw_obs: Vec<Observation> = spec
                         .observations
                         .iter()
@@ -323,17 +468,25 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 };
                 prop_assert_eq!(actual.len(), expected.len());
                 for (actual, (expected, conditional)) in actual.into_iter().zip(expected) {
-                    prop_assert_eq!(&actual, &expected);
+                    prop_assert!(
+                        same_outcome(&actual, &expected),
+                        "store {:?}, model {:?}",
+                        actual,
+                        expected
+                    );
                     match actual {
                         Ok(Applied::Appended { last }) => {
-                            COMMITS.fetch_add(1, Ordering::Relaxed);
-                            if conditional {
-                                CONDITIONAL_COMMITS.fetch_add(1, Ordering::Relaxed);
-                            }
+                            tally(|t| {
+                                t.commits += 1;
+                                t.conditional_commits += usize::from(conditional);
+                            });
                             remembered.push(last);
                         }
                         Err(Error::Conflict { .. }) => {
-                            CONFLICTS.fetch_add(1, Ordering::Relaxed);
+                            tally(|t| t.conflicts += 1);
+                        }
+                        Err(Error::EventIdExists { .. } | Error::InvalidArgument(_)) => {
+                            tally(|t| t.id_refusals += 1);
                         }
                         _ => {}
                     }
@@ -371,7 +524,7 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 let got_positions: Vec<Position> = got.iter().map(|e| e.position).collect();
                 if !got.is_empty() {
-                    NON_EMPTY_READS.fetch_add(1, Ordering::Relaxed);
+                    tally(|t| t.non_empty_reads += 1);
                 }
                 prop_assert_eq!(
                     &got_positions,
@@ -422,8 +575,9 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-#[test]
-fn store_matches_naive_model() {
+/// Runs the model test on a plain or an idempotent boundary; returns the run's tally.
+fn run_model_test(idempotent: bool) -> Tally {
+    TALLY.with(|t| t.set(Tally::default()));
     let mut runner = TestRunner::new(Config {
         cases: CASES,
         failure_persistence: None,
@@ -431,20 +585,33 @@ fn store_matches_naive_model() {
     });
     let result = runner.run(
         &prop::collection::vec(op_strategy(), OPS_PER_CASE..=OPS_PER_CASE),
-        run_ops,
+        |ops| run_ops(ops, idempotent),
     );
     if let Err(e) = result {
         panic!("{e}");
     }
     assert!(CASES as usize * OPS_PER_CASE >= 10_000);
-    let (commits, conflicts, conditional, reads) = (
-        COMMITS.load(Ordering::Relaxed),
-        CONFLICTS.load(Ordering::Relaxed),
-        CONDITIONAL_COMMITS.load(Ordering::Relaxed),
-        NON_EMPTY_READS.load(Ordering::Relaxed),
+    let tally = TALLY.with(Cell::get);
+    println!("idempotent event ids: {idempotent}: {tally:?}");
+    assert!(
+        tally.commits > 1000
+            && tally.conditional_commits > 300
+            && tally.conflicts > 300
+            && tally.non_empty_reads > 500,
+        "{tally:?}"
     );
-    println!(
-        "commits {commits} (conditional {conditional}), conflicts {conflicts}, non-empty reads {reads}"
-    );
-    assert!(commits > 1000 && conditional > 300 && conflicts > 300 && reads > 500);
+    tally
+}
+
+#[test]
+fn store_matches_naive_model() {
+    let tally = run_model_test(false);
+    // Reused ids are just more events on a plain boundary (Orisun's behaviour).
+    assert_eq!((tally.retries, tally.id_refusals), (0, 0), "{tally:?}");
+}
+
+#[test]
+fn idempotent_store_matches_naive_model() {
+    let tally = run_model_test(true);
+    assert!(tally.retries > 300 && tally.id_refusals > 300, "{tally:?}");
 }

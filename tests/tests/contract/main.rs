@@ -8,6 +8,7 @@ mod boundaries;
 mod ccc;
 mod concurrency;
 mod events;
+mod idempotent;
 mod indexes;
 mod info;
 mod matching;

@@ -14,18 +14,30 @@ use prost::Message;
 /// The public protocol, served (and described by reflection) on the client port.
 const ORISUN_PROTOS: [&str; 2] = ["orisun/eventstore.proto", "orisun/admin.proto"];
 /// Cairn's own services between nodes and for operators, on the peer port.
-const CAIRN_PROTOS: [&str; 2] = ["cairn/v1/raft.proto", "cairn/v1/cluster.proto"];
+const CAIRN_PEER_PROTOS: [&str; 2] = ["cairn/v1/raft.proto", "cairn/v1/cluster.proto"];
+/// Cairn's extensions on the client port.
+const CAIRN_CLIENT_PROTOS: [&str; 1] = ["cairn/v1/boundaries.proto"];
 
 fn generate(root: &Path, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(out)?;
     let proto_dir = root.join("proto");
     // Separate descriptor sets, so each port's reflection lists only what that port serves.
     for (protos, descriptor) in [
-        (&ORISUN_PROTOS, "orisun_descriptor.bin"),
-        (&CAIRN_PROTOS, "cairn_descriptor.bin"),
+        (&ORISUN_PROTOS[..], "orisun_descriptor.bin"),
+        (&CAIRN_PEER_PROTOS[..], "cairn_descriptor.bin"),
+        (&CAIRN_CLIENT_PROTOS[..], "cairn_client_descriptor.bin"),
     ] {
         let fds = protox::compile(protos.iter(), [&proto_dir])?;
         std::fs::write(out.join(descriptor), fds.encode_to_vec())?;
+    }
+    // Code: one module per package, so all of `cairn.v1` is compiled together.
+    let cairn: Vec<&str> = CAIRN_PEER_PROTOS
+        .iter()
+        .chain(&CAIRN_CLIENT_PROTOS)
+        .copied()
+        .collect();
+    for protos in [&ORISUN_PROTOS[..], &cairn[..]] {
+        let fds = protox::compile(protos.iter(), [&proto_dir])?;
         tonic_prost_build::configure()
             .codec_path("crate::codec::StrictProstCodec")
             .out_dir(out)

@@ -476,6 +476,9 @@ pub struct BoundaryHead {
     /// Prepare position of its last event (-1 when it has none).
     #[prost(int64, tag = "3")]
     pub prepare_position: i64,
+    /// Created with idempotent event ids (rule X1).
+    #[prost(bool, tag = "4")]
+    pub idempotent_event_ids: bool,
 }
 /// A node's view of the cluster.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -1405,6 +1408,539 @@ pub mod cluster_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "cairn.v1.Cluster";
     impl<T> tonic::server::NamedService for ClusterServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Options fixed when a boundary is created.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BoundaryOptions {
+    /// Idempotent retries by event id (rule X1): a write whose event ids all belong to one
+    /// earlier committed write with identical types, data and metadata gets that write's
+    /// original result and stores nothing; any other reuse of a stored id is refused with
+    /// ALREADY_EXISTS. Ids must be unique within a write. False: Orisun's behaviour, duplicate
+    /// ids are stored.
+    #[prost(bool, tag = "1")]
+    pub idempotent_event_ids: bool,
+}
+/// Create a boundary with options (ADMIN).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CreateBoundaryRequest {
+    /// Name: ^\[A-Za-z\_\]\[A-Za-z0-9\_\]\*$, 1-63 chars.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// Free text.
+    #[prost(string, tag = "2")]
+    pub description: ::prost::alloc::string::String,
+    /// Options; absent means all off.
+    #[prost(message, optional, tag = "3")]
+    pub options: ::core::option::Option<BoundaryOptions>,
+}
+/// A boundary with its options.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Boundary {
+    /// Name.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// Free text as given at creation.
+    #[prost(string, tag = "2")]
+    pub description: ::prost::alloc::string::String,
+    /// Options as fixed at creation.
+    #[prost(message, optional, tag = "3")]
+    pub options: ::core::option::Option<BoundaryOptions>,
+    /// "ACTIVE", "PROVISIONING" or "FAILED".
+    #[prost(string, tag = "4")]
+    pub status: ::prost::alloc::string::String,
+    /// Number of events stored.
+    #[prost(uint64, tag = "5")]
+    pub event_count: u64,
+}
+/// The created boundary.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CreateBoundaryResponse {
+    /// As stored.
+    #[prost(message, optional, tag = "1")]
+    pub boundary: ::core::option::Option<Boundary>,
+}
+/// Read one boundary.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetBoundaryRequest {
+    /// Name.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+}
+/// The boundary.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetBoundaryResponse {
+    /// As stored.
+    #[prost(message, optional, tag = "1")]
+    pub boundary: ::core::option::Option<Boundary>,
+}
+/// Read every boundary.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListBoundariesRequest {}
+/// Every boundary, by name.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListBoundariesResponse {
+    /// Sorted by name.
+    #[prost(message, repeated, tag = "1")]
+    pub boundaries: ::prost::alloc::vec::Vec<Boundary>,
+}
+/// Generated client implementations.
+pub mod boundaries_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// Boundaries with Cairn's options.
+    #[derive(Debug, Clone)]
+    pub struct BoundariesClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl BoundariesClient<tonic::transport::Channel> {
+        /// Attempt to create a new client by connecting to a given endpoint.
+        pub async fn connect<D>(dst: D) -> Result<Self, tonic::transport::Error>
+        where
+            D: TryInto<tonic::transport::Endpoint>,
+            D::Error: Into<StdError>,
+        {
+            let conn = tonic::transport::Endpoint::new(dst)?.connect().await?;
+            Ok(Self::new(conn))
+        }
+    }
+    impl<T> BoundariesClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> BoundariesClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            BoundariesClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// Create a boundary (ADMIN). ALREADY_EXISTS when the name is taken.
+        pub async fn create_boundary(
+            &mut self,
+            request: impl tonic::IntoRequest<super::CreateBoundaryRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CreateBoundaryResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::StrictProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/cairn.v1.Boundaries/CreateBoundary",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("cairn.v1.Boundaries", "CreateBoundary"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// One boundary (NOT_FOUND when there is none by that name).
+        pub async fn get_boundary(
+            &mut self,
+            request: impl tonic::IntoRequest<super::GetBoundaryRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GetBoundaryResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::StrictProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/cairn.v1.Boundaries/GetBoundary",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("cairn.v1.Boundaries", "GetBoundary"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// All boundaries.
+        pub async fn list_boundaries(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ListBoundariesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListBoundariesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::StrictProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/cairn.v1.Boundaries/ListBoundaries",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("cairn.v1.Boundaries", "ListBoundaries"));
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod boundaries_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with BoundariesServer.
+    #[async_trait]
+    pub trait Boundaries: std::marker::Send + std::marker::Sync + 'static {
+        /// Create a boundary (ADMIN). ALREADY_EXISTS when the name is taken.
+        async fn create_boundary(
+            &self,
+            request: tonic::Request<super::CreateBoundaryRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::CreateBoundaryResponse>,
+            tonic::Status,
+        >;
+        /// One boundary (NOT_FOUND when there is none by that name).
+        async fn get_boundary(
+            &self,
+            request: tonic::Request<super::GetBoundaryRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::GetBoundaryResponse>,
+            tonic::Status,
+        >;
+        /// All boundaries.
+        async fn list_boundaries(
+            &self,
+            request: tonic::Request<super::ListBoundariesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListBoundariesResponse>,
+            tonic::Status,
+        >;
+    }
+    /// Boundaries with Cairn's options.
+    #[derive(Debug)]
+    pub struct BoundariesServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> BoundariesServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for BoundariesServer<T>
+    where
+        T: Boundaries,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/cairn.v1.Boundaries/CreateBoundary" => {
+                    #[allow(non_camel_case_types)]
+                    struct CreateBoundarySvc<T: Boundaries>(pub Arc<T>);
+                    impl<
+                        T: Boundaries,
+                    > tonic::server::UnaryService<super::CreateBoundaryRequest>
+                    for CreateBoundarySvc<T> {
+                        type Response = super::CreateBoundaryResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::CreateBoundaryRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Boundaries>::create_boundary(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = CreateBoundarySvc(inner);
+                        let codec = crate::codec::StrictProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/cairn.v1.Boundaries/GetBoundary" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetBoundarySvc<T: Boundaries>(pub Arc<T>);
+                    impl<
+                        T: Boundaries,
+                    > tonic::server::UnaryService<super::GetBoundaryRequest>
+                    for GetBoundarySvc<T> {
+                        type Response = super::GetBoundaryResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::GetBoundaryRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Boundaries>::get_boundary(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetBoundarySvc(inner);
+                        let codec = crate::codec::StrictProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/cairn.v1.Boundaries/ListBoundaries" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListBoundariesSvc<T: Boundaries>(pub Arc<T>);
+                    impl<
+                        T: Boundaries,
+                    > tonic::server::UnaryService<super::ListBoundariesRequest>
+                    for ListBoundariesSvc<T> {
+                        type Response = super::ListBoundariesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ListBoundariesRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Boundaries>::list_boundaries(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListBoundariesSvc(inner);
+                        let codec = crate::codec::StrictProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for BoundariesServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "cairn.v1.Boundaries";
+    impl<T> tonic::server::NamedService for BoundariesServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }

@@ -745,20 +745,27 @@ async fn a_node_that_missed_the_purged_log_catches_up_from_a_snapshot() {
     assert_eq!(events.len(), 121);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_whole_cluster_restarts_with_its_data_and_hands_leadership_over() {
-    let mut cluster = Cluster::start(3, &[]).await;
-    let leader = cluster.leader_among(&[1, 2, 3]).await;
-    let target = others(&cluster.ids(), leader)[0];
-    // Another caught-up voter may win the election the transfer starts (it is reported);
-    // the transfer is asked again then, of whichever node leads.
+/// Makes `target` the leader with `cairn cluster transfer-leader`. Another caught-up voter
+/// may win the election a transfer starts (it is reported); the transfer is asked again
+/// then, of whichever node leads.
+async fn hand_leadership_to(cluster: &Cluster, target: u64) {
+    let ids = cluster.ids();
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let current = cluster.leader_among(&[1, 2, 3]).await;
+        let current = cluster.leader_among(&ids).await;
         if current == target {
-            break;
+            return;
         }
+        // The leader transfers only to a voter it knows has replicated its whole log.
+        wait_for("the leader to see the target caught up", || async move {
+            let s = cluster.status(current).await.ok()?;
+            s.followers
+                .iter()
+                .any(|f| f.node_id == target && f.matched_index >= s.committed_index)
+                .then_some(())
+        })
+        .await;
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args([
                 "cluster",
@@ -779,6 +786,113 @@ async fn a_whole_cluster_restarts_with_its_data_and_hands_leadership_over() {
             assert!(attempts < 3, "the transfer kept losing: {stderr}");
         }
     }
+}
+
+/// X1 in a cluster: the event-id index is state-machine state, so a node that caught up by
+/// snapshot install (the log it missed purged) has it, and answers retries as the node
+/// that took the writes did once it leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_retries_hold_on_a_node_that_caught_up_from_a_snapshot() {
+    const PAY: &str = "pay";
+    let mut cluster = Cluster::start(
+        3,
+        &[
+            "--snapshot-every-entries",
+            "20",
+            "--raft-log-kept",
+            "5",
+            "--idempotent-boundaries",
+            PAY,
+        ],
+    )
+    .await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let behind = others(&cluster.ids(), leader)[0];
+    cluster.kill(behind);
+    let write = |i: usize| {
+        vec![pb::EventToSave {
+            event_id: format!("w-{i}"),
+            event_type: "Paid".into(),
+            data: format!(r#"{{"i":{i}}}"#),
+            metadata: String::new(),
+        }]
+    };
+    let save_to = |es: &mut EventStoreClient<Channel>, events| {
+        let mut es = es.clone();
+        async move {
+            es.save_events_v2(admin(pb::SaveEventsV2Request {
+                boundary: PAY.into(),
+                events,
+                consistency: vec![],
+            }))
+            .await
+            .map(|r| r.into_inner())
+        }
+    };
+    let mut via_leader = client(&cluster, leader).await;
+    let mut results = Vec::new();
+    for i in 0..60 {
+        results.push(save_to(&mut via_leader, write(i)).await.expect("write"));
+    }
+    cluster.restart(behind).await;
+    let http = cluster.node(behind).http_addr;
+    let metrics = wait_for("the node to install a snapshot", move || async move {
+        let metrics = http_get(http, "/metrics").await;
+        (metric(&metrics, "cairn_raft_snapshot_installs_total") >= 1.0).then_some(metrics)
+    })
+    .await;
+    assert!(metrics.contains("cairn_raft_snapshot_installs_total"));
+    hand_leadership_to(&cluster, behind).await;
+
+    let mut via_new_leader = client(&cluster, behind).await;
+    for (i, original) in results.iter().enumerate() {
+        let retry = save_to(&mut via_new_leader, write(i))
+            .await
+            .expect("an identical retry");
+        assert_eq!(&retry, original, "write {i}");
+    }
+    let mut altered = write(7);
+    altered[0].data = r#"{"i":"seven"}"#.into();
+    let status = save_to(&mut via_new_leader, altered)
+        .await
+        .expect_err("an altered retry");
+    assert_eq!(status.code(), Code::AlreadyExists);
+    assert!(
+        status.message().contains("event_id \"w-7\"") && status.message().contains("(8, 7)"),
+        "{}",
+        status.message()
+    );
+    let count = |es: &mut EventStoreClient<Channel>| {
+        let mut es = es.clone();
+        async move {
+            es.get_events(admin(pb::GetEventsRequest {
+                boundary: PAY.into(),
+                count: 1000,
+                direction: pb::Direction::Asc as i32,
+                ..Default::default()
+            }))
+            .await
+            .expect("read")
+            .into_inner()
+            .events
+            .len()
+        }
+    };
+    for id in cluster.ids() {
+        assert_eq!(
+            count(&mut client(&cluster, id).await).await,
+            60,
+            "node {id}: no retry wrote"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_restarts_with_its_data_and_hands_leadership_over() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let target = others(&cluster.ids(), leader)[0];
+    hand_leadership_to(&cluster, target).await;
     assert_eq!(cluster.leader_among(&[1, 2, 3]).await, target);
 
     let mut via = client(&cluster, leader).await;

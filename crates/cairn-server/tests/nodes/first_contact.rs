@@ -280,16 +280,26 @@ async fn a1_health_and_reflection_answer_without_credentials_and_nothing_else_do
             .all(|s| services.contains(s)),
         "reflection describes the Orisun services and health: {services:?}"
     );
-    assert!(
-        !services.iter().any(|s| s.starts_with("cairn.")),
-        "Cairn's peer services are not on the client port: {services:?}"
+    let cairn: Vec<&str> = services
+        .iter()
+        .copied()
+        .filter(|s| s.starts_with("cairn."))
+        .collect();
+    assert_eq!(
+        cairn,
+        ["cairn.v1.Boundaries"],
+        "of Cairn's services only the client extension is on the client port, not the peer ones"
     );
 
     let protected: Vec<&String> = methods
         .iter()
         .filter(|m| !m.starts_with("/grpc.health.") && !m.starts_with("/grpc.reflection."))
         .collect();
-    assert_eq!(protected.len(), 22, "every Orisun method: {protected:?}");
+    assert_eq!(
+        protected.len(),
+        25,
+        "every Orisun method and Cairn's three boundary extensions: {protected:?}"
+    );
     for path in protected {
         for header in [
             None,

@@ -249,6 +249,12 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
                 // 1M boundary slower at 16 clients (more L0 files per lookup), so it stays 8.
                 cf_opts.set_level_zero_file_num_compaction_trigger(TAGS_L0_COMPACTION_TRIGGER);
             }
+            if *name == CF_EVENT_IDS {
+                // Nearly every lookup is of a new id (X1): a whole-key bloom in the memtable
+                // answers the miss without a skiplist search among the latest ids.
+                cf_opts.set_memtable_whole_key_filtering(true);
+                cf_opts.set_memtable_prefix_bloom_ratio(0.1);
+            }
             cf_opts.set_block_based_table_factory(&table);
             let compression = if *name == CF_TAGS || *name == CF_SM_META {
                 DBCompressionType::None

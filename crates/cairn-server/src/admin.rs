@@ -2,7 +2,7 @@
 
 use cairn_core::Error;
 use cairn_core::auth::{Role, UserRecord};
-use cairn_core::boundary::validate_boundary_name;
+use cairn_core::boundary::{BoundaryInfo, validate_boundary_name};
 use cairn_core::command::{Applied, Command};
 use cairn_core::limits::{MAX_PASSWORD_BYTES, MAX_USERNAME_BYTES};
 use cairn_proto::convert::{boundary_to_wire, placement_from_wire, user_to_wire};
@@ -109,6 +109,15 @@ pub async fn create_user(
     }
 }
 
+/// The boundary named `name`, as of a linearizable read (NOT_FOUND when there is none).
+pub(crate) async fn find_boundary(node: &NodeState, name: &str) -> Result<BoundaryInfo, Error> {
+    validate_boundary_name(name)?;
+    node.read_barrier().await?;
+    node.store()
+        .with_catalog(|c| c.boundaries.get(name).cloned())
+        .ok_or_else(|| Error::NotFound(format!("boundary \"{name}\" not found")))
+}
+
 #[tonic::async_trait]
 impl Admin for AdminService {
     async fn create_boundary(
@@ -162,15 +171,11 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::GetBoundaryResponse>, Status> {
         let node = node_of(&self.ready)?;
         let name = request.into_inner().name;
-        let result = async {
-            validate_boundary_name(&name)?;
-            node.read_barrier().await?;
-            node.store()
-                .with_catalog(|c| c.boundaries.get(&name).map(boundary_to_wire))
-                .map(|b| pb::GetBoundaryResponse { boundary: Some(b) })
-                .ok_or_else(|| Error::NotFound(format!("boundary \"{name}\" not found")))
-        }
-        .await;
+        let result = find_boundary(&node, &name)
+            .await
+            .map(|b| pb::GetBoundaryResponse {
+                boundary: Some(boundary_to_wire(&b)),
+            });
         reply(result)
     }
 

@@ -9,6 +9,7 @@ use cairn_proto::cairn_v1::boundaries_server::Boundaries;
 use cairn_proto::convert::boundary_to_cairn_wire;
 use tonic::{Request, Response, Status};
 
+use crate::admin::find_boundary;
 use crate::rpc::{node_of, reply};
 use crate::state::{NodeState, Ready};
 
@@ -67,18 +68,11 @@ impl Boundaries for BoundariesService {
     ) -> Result<Response<pb::GetBoundaryResponse>, Status> {
         let node = node_of(&self.ready)?;
         let name = request.into_inner().name;
-        let result = async {
-            validate_boundary_name(&name)?;
-            node.read_barrier().await?;
-            let boundary = node
-                .store()
-                .with_catalog(|c| c.boundaries.get(&name).cloned())
-                .ok_or_else(|| Error::NotFound(format!("boundary \"{name}\" not found")))?;
-            Ok(pb::GetBoundaryResponse {
-                boundary: Some(to_wire(&node, &boundary)),
-            })
-        }
-        .await;
+        let result = find_boundary(&node, &name)
+            .await
+            .map(|b| pb::GetBoundaryResponse {
+                boundary: Some(to_wire(&node, &b)),
+            });
         reply(result)
     }
 

@@ -1,9 +1,10 @@
 //! The start-up writes: the session-token key, the bootstrap admin user, the admin
-//! boundary, the `--boundaries` and the `--idempotent-boundaries`. They are proposed by whichever node leads, each time a
-//! node becomes leader, and only what the replicated catalog still lacks, so a cluster
-//! writes them once and a restart or a leader change writes nothing. A node serves once it
-//! has applied the token key (it authenticates with it), which is proposed last. Declared
-//! boundaries come from the leader's configuration: members of one cluster share theirs.
+//! boundary, the `--boundaries` and the `--idempotent-boundaries`. They are proposed by
+//! whichever node leads, each time a node becomes leader, and only what the replicated
+//! catalog still lacks, so a cluster writes them once and a restart or a leader change
+//! writes nothing. A node serves once it has applied the token key (it authenticates with
+//! it), which is proposed last. Declared boundaries come from the leader's configuration:
+//! members of one cluster share theirs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,22 +45,21 @@ struct Missing {
 }
 
 fn declared(config: &ServeConfig) -> Vec<Declared> {
-    let idempotent = |name: &str| config.idempotent_boundaries.iter().any(|b| b == name);
+    let admin = &config.admin_boundary;
     let mut declared = vec![Declared {
-        name: config.admin_boundary.clone(),
+        name: admin.clone(),
         description: ADMIN_BOUNDARY_DESCRIPTION,
-        idempotent_event_ids: idempotent(&config.admin_boundary),
+        idempotent_event_ids: config.idempotent_boundaries.contains(admin),
     }];
-    for name in config
-        .boundaries
-        .iter()
-        .chain(&config.idempotent_boundaries)
-    {
-        if *name != config.admin_boundary {
+    // The config keeps the two lists disjoint.
+    let plain = config.boundaries.iter().map(|name| (name, false));
+    let idempotent = config.idempotent_boundaries.iter().map(|name| (name, true));
+    for (name, idempotent_event_ids) in plain.chain(idempotent) {
+        if name != admin {
             declared.push(Declared {
                 name: name.clone(),
                 description: DECLARED_BOUNDARY_DESCRIPTION,
-                idempotent_event_ids: idempotent(name),
+                idempotent_event_ids,
             });
         }
     }

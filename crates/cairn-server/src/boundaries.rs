@@ -83,12 +83,13 @@ impl Boundaries for BoundariesService {
         let node = node_of(&self.ready)?;
         let result = async {
             node.read_barrier().await?;
-            let boundaries: Vec<BoundaryInfo> = node
-                .store()
-                .with_catalog(|c| c.boundaries.values().cloned().collect());
-            Ok(pb::ListBoundariesResponse {
-                boundaries: boundaries.iter().map(|b| to_wire(&node, b)).collect(),
-            })
+            let boundaries = node.store().with_catalog(|c| {
+                c.boundaries
+                    .values()
+                    .map(|b| boundary_to_cairn_wire(b, c.head(b.id)))
+                    .collect()
+            });
+            Ok(pb::ListBoundariesResponse { boundaries })
         }
         .await;
         reply(result)

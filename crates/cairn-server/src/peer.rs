@@ -342,6 +342,14 @@ fn payload<T: Serialize>(value: &T) -> Result<tonic::Response<pb::RaftPayload>, 
 }
 
 fn decoded<T: serde::de::DeserializeOwned>(request: Request<pb::RaftPayload>) -> Result<T, Status> {
+    decoded_with(request, decode)
+}
+
+/// A peer's Raft message decoded by `decode` (INVALID_ARGUMENT when it cannot be).
+fn decoded_with<T>(
+    request: Request<pb::RaftPayload>,
+    decode: impl FnOnce(&[u8]) -> Result<T, cairn_raft::codec::CodecError>,
+) -> Result<T, Status> {
     decode(&request.into_inner().data)
         .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
 }
@@ -366,8 +374,7 @@ impl pb::raft_server::Raft for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
-        let rpc = decode_append_entries(&request.into_inner().data)
-            .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))?;
+        let rpc = decoded_with(request, decode_append_entries)?;
         payload(&node.raft.raft().append_entries(rpc).await)
     }
 

@@ -572,21 +572,12 @@ impl Store {
                 metadata: p.event.metadata.clone(),
             }));
         }
-        let db = &self.inner.db;
-        let Some(value) = db.get_cf(self.cf(CF_EVENT_IDS)?, keys::event_id_key(bid, event_id))?
-        else {
+        let key = keys::event_id_key(bid, event_id);
+        let Some(value) = self.inner.db.get_cf(self.cf(CF_EVENT_IDS)?, key)? else {
             return Ok(None);
         };
         let prepare = keys::decode_event_id_value(&value)?;
-        let row = db
-            .get_cf(self.cf(CF_EVENTS)?, keys::event_key(bid, prepare))?
-            .ok_or_else(|| {
-                StoreError::corrupt(
-                    "event_ids",
-                    &format!("event id {event_id:?} points at missing event {prepare}"),
-                )
-            })?;
-        let stored = keys::decode_event(prepare, &row)?;
+        let stored = self.live_event(bid, prepare)?;
         Ok(Some(Found {
             prepare,
             commit: stored.position.commit as u64,
@@ -602,21 +593,11 @@ impl Store {
         if let Some(first) = found.write_first {
             return Ok(first == found.prepare);
         }
-        let Some(before) = found.prepare.checked_sub(1) else {
-            return Ok(true);
-        };
         // A stored event's whole write is stored, so its predecessor is too.
-        let row = self
-            .inner
-            .db
-            .get_cf(self.cf(CF_EVENTS)?, keys::event_key(bid, before))?
-            .ok_or_else(|| {
-                StoreError::corrupt(
-                    "events",
-                    &format!("event {before} is below the head but missing"),
-                )
-            })?;
-        Ok(keys::commit_of_event_value(&row)? != found.commit)
+        Ok(match found.prepare.checked_sub(1) {
+            None => true,
+            Some(before) => self.live_position(bid, before)?.commit as u64 != found.commit,
+        })
     }
 }
 

@@ -452,6 +452,17 @@ impl Store {
         }
     }
 
+    /// The stored event at `prepare` on the live state (the writer's view), for an index
+    /// that points at it.
+    pub(crate) fn live_event(&self, bid: u32, prepare: u64) -> Result<StoredEvent, StoreError> {
+        self.live_view(bid).event(prepare)
+    }
+
+    /// The position of the stored event at `prepare`, below the head, on the live state.
+    pub(crate) fn live_position(&self, bid: u32, prepare: u64) -> Result<Position, StoreError> {
+        self.live_view(bid).position_of(prepare)
+    }
+
     /// `L(Q)` of the CCC rule (C2) on the live state: the greatest committed position
     /// matching `query`, or `(-1,-1)`. Used by the single writer during apply.
     pub(crate) fn latest_position(&self, bid: u32, query: &Query) -> Result<Position, StoreError> {

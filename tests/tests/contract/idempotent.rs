@@ -40,6 +40,17 @@ fn first_write() -> Vec<pb::EventToSave> {
     ]
 }
 
+/// A boundary as Orisun's GetBoundary shows it.
+async fn orisun_boundary(c: &mut Client, name: &str) -> pb::BoundaryInfo {
+    c.admin
+        .get_boundary(pb::GetBoundaryRequest { name: name.into() })
+        .await
+        .expect("orisun get")
+        .into_inner()
+        .boundary
+        .expect("boundary")
+}
+
 fn domain_error(status: &tonic::Status) -> Error {
     cairn_proto::from_status(status)
 }
@@ -354,30 +365,12 @@ async fn x1_the_option_is_set_at_creation_and_shown_wherever_boundaries_are() {
         .boundary
         .expect("boundary");
     assert_eq!(got.event_count, 2);
-    let orisun = c
-        .admin
-        .get_boundary(pb::GetBoundaryRequest {
-            name: "orders".into(),
-        })
-        .await
-        .expect("orisun get")
-        .into_inner()
-        .boundary
-        .expect("boundary");
+    let orisun = orisun_boundary(&mut c, "orders").await;
     assert_eq!(
         orisun.description,
         "orders of the shop [cairn: idempotent event ids]"
     );
-    let plain = c
-        .admin
-        .get_boundary(pb::GetBoundaryRequest {
-            name: "default".into(),
-        })
-        .await
-        .expect("orisun get")
-        .into_inner()
-        .boundary
-        .expect("boundary");
+    let plain = orisun_boundary(&mut c, "default").await;
     assert!(!plain.description.contains("idempotent"));
     let missing = c
         .boundaries

@@ -8,6 +8,8 @@ use cairn_proto::orisun as pb;
 use indicatif::{ProgressBar, ProgressStyle};
 use tonic::Code;
 
+use cairn_client::{Client, ClientConfig, NewEvent};
+
 use crate::client::{ConnectOptions, Connection};
 use crate::scenario::{EVENTS_PER_SEED_CONTEXT, event, seed_context};
 
@@ -82,20 +84,26 @@ pub async fn ensure(
     let mut tasks = Vec::new();
     for (w, part) in writes.chunks(chunk).enumerate() {
         let part = part.to_vec();
-        let mut conn = Connection::open(connect, w).await?;
+        // Seeding is not measured: it goes through cairn-client, whose failover carries it
+        // over a node that restarts or loses leadership meanwhile.
+        let client = seed_client(connect, w)?;
         let boundary = boundary.to_string();
         let bar = bar.clone();
         tasks.push(tokio::spawn(async move {
             for (from, to) in part {
-                let events = (from..to)
-                    .map(|i| event(&seed_context(i % contexts), (i - from) as usize, i))
-                    .collect();
-                conn.calls
-                    .save_events_v2(pb::SaveEventsV2Request {
-                        boundary: boundary.clone(),
-                        events,
-                        consistency: vec![],
+                let events: Vec<NewEvent> = (from..to)
+                    .map(|i| {
+                        let e = event(&seed_context(i % contexts), (i - from) as usize, i);
+                        NewEvent {
+                            id: e.event_id,
+                            event_type: e.event_type,
+                            data: e.data,
+                            metadata: e.metadata,
+                        }
                     })
+                    .collect();
+                client
+                    .append(&boundary, &events, &[])
                     .await
                     .with_context(|| format!("seed write at {from}"))?;
                 bar.inc(to - from);
@@ -116,4 +124,20 @@ pub async fn ensure(
         events: target,
         contexts,
     })
+}
+
+/// A client for seed writer `w`, starting on endpoint `w` (round-robin) and failing over to
+/// the others.
+fn seed_client(connect: &ConnectOptions, w: usize) -> anyhow::Result<Client> {
+    let mut endpoints = connect.endpoints.clone();
+    let first = w % endpoints.len().max(1);
+    endpoints.rotate_left(first);
+    let mut config = ClientConfig::new(endpoints)
+        .in_order()
+        .credentials(connect.user.clone(), connect.password.clone());
+    if let Some(ca) = &connect.ca_cert {
+        let pem = std::fs::read(ca).with_context(|| format!("failed to read {}", ca.display()))?;
+        config = config.tls_ca_certificate(pem);
+    }
+    Ok(Client::new(config)?)
 }

@@ -63,6 +63,12 @@ fn to_yaml(value: &serde_json::Value) -> serde_yaml::Value {
 
 #[cfg(test)]
 mod tests {
+    /// The crate's directory as cargo reports it when it runs the test, so that a test binary
+    /// built in another checkout (a shared target directory) reads this checkout's files.
+    pub(crate) fn manifest_dir() -> String {
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
+    }
+
     /// The committed CRDs (deploy/ and the chart's copy) are what the types generate: a
     /// change to the types without regenerating them fails here. With CAIRN_WRITE_CRD=1 the
     /// test writes them instead.
@@ -73,7 +79,7 @@ mod tests {
             "deploy/crds/boundaries.cairn.dev.yaml",
             "charts/cairn/crds/boundaries.cairn.dev.yaml",
         ] {
-            let full = format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR"));
+            let full = format!("{}/../../{path}", manifest_dir());
             if std::env::var_os("CAIRN_WRITE_CRD").is_some() {
                 std::fs::write(&full, &generated).expect("write the CRD");
             }

@@ -107,7 +107,7 @@ mod tests {
     #[test]
     fn the_committed_reference_matches_the_schema() {
         let generated = super::markdown();
-        let path = format!("{}/../../{COMMITTED}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!("{}/../../{COMMITTED}", crate::tests::manifest_dir());
         if std::env::var_os("CAIRN_WRITE_REFERENCE").is_some() {
             std::fs::write(&path, &generated).expect("write the reference");
         }

@@ -12,7 +12,7 @@ use rocksdb::{DB, DBRawIterator, ReadOptions, SnapshotWithThreadMode};
 
 use crate::catalog::decode_json;
 use crate::keys;
-use crate::{CF_EVENTS, CF_TAGS, CF_WRITES, Store, StoreError};
+use crate::{CF_EVENT_IDS, CF_EVENTS, CF_TAGS, CF_WRITES, Store, StoreError};
 
 /// Read direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -626,6 +626,31 @@ impl Store {
     /// Number of events in a boundary.
     pub fn event_count(&self, bid: u32) -> u64 {
         self.with_catalog(|c| c.head(bid))
+    }
+
+    /// The idempotent-id index of boundary `bid` (X1): every indexed event id with the
+    /// position of its event, in id order. Empty for a boundary without the option. For
+    /// checks that replicas agree and for offline inspection; it reads the whole index.
+    pub fn event_id_index(&self, bid: u32) -> Result<Vec<(String, Position)>, StoreError> {
+        let cf = self.cf(CF_EVENT_IDS)?;
+        let prefix = bid.to_be_bytes();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(keys::event_id_key(bid, "").to_vec());
+        if let Some(next) = bid.checked_add(1) {
+            opts.set_iterate_upper_bound(keys::event_id_key(next, "").to_vec());
+        }
+        let mut it = self.inner.db.raw_iterator_cf_opt(cf, opts);
+        it.seek(prefix);
+        let mut out = Vec::new();
+        while let Some((key, value)) = it.item() {
+            let id = std::str::from_utf8(&key[prefix.len()..])
+                .map_err(|_| StoreError::corrupt("event_ids", "an id is not UTF-8"))?;
+            let prepare = keys::decode_event_id_value(value)?;
+            out.push((id.to_string(), self.live_position(bid, prepare)?));
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
     }
 }
 

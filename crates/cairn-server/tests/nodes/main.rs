@@ -8,5 +8,6 @@
 mod bank;
 mod cluster;
 mod durability;
+mod exactly_once;
 mod first_contact;
 mod support;

@@ -147,6 +147,11 @@ impl Member {
         self.node.as_ref().expect("the node runs")
     }
 
+    /// Its data directory (the store is in `db/` below it).
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
+    }
+
     /// Its real peer address (the cluster API, bypassing the proxy).
     pub fn peer_addr(&self) -> SocketAddr {
         self.upstream

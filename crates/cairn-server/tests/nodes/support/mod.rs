@@ -2,6 +2,7 @@
 //! `--listen 127.0.0.1:0`, its addresses read from its own "cairn is serving" log line.
 
 pub mod cluster;
+pub mod lossy;
 pub mod prometheus;
 
 use std::io::{BufRead, BufReader};

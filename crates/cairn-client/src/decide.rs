@@ -1,0 +1,355 @@
+//! The seed's command loop: read the context, decide, append with the observation, and
+//! retry until the command is committed exactly once, or certainly not at all.
+//!
+//! The command's event ids are drawn once (UUIDv7) and carried by every attempt. After a
+//! conflict (the context moved; nothing was written) the loop reads and decides again.
+//! After an ambiguous failure (the reply was lost; the write may have committed):
+//! - on a boundary with idempotent event ids it sends the very same request again: if the
+//!   first one committed, the server answers with that write's original result and writes
+//!   nothing; if not, the retry is an ordinary attempt;
+//! - on any other boundary it reads the events written since the context it observed and
+//!   looks for the command's ids: found, the command is done; absent, it decides again.
+//!   This is exact when the command's events match its own context query (the seed's
+//!   pattern: a decision appends to the context it read), since then a late commit of the
+//!   lost attempt also conflicts with the next one; see docs/idempotency.md.
+
+use cairn_core::{Criterion, Position, Query};
+use cairn_proto::orisun as pb;
+
+use crate::types::{Event, NewEvent, Observation, WriteResult, query_of};
+use crate::{Client, Error};
+
+/// How [`Client::decide`] reads a command's context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContextQuery {
+    /// GetLatestByCriteria: the newest event of each criterion (at least one).
+    Latest(Vec<Criterion>),
+    /// GetEvents: every event matching any of the criteria (at least one), oldest first.
+    All(Vec<Criterion>),
+}
+
+impl ContextQuery {
+    fn criteria(&self) -> &[Criterion] {
+        match self {
+            ContextQuery::Latest(c) | ContextQuery::All(c) => c,
+        }
+    }
+}
+
+/// What a decision sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Context {
+    /// Per criterion, its newest event ([`ContextQuery::Latest`]; empty otherwise).
+    pub latest: Vec<Option<Event>>,
+    /// Every matching event, oldest first ([`ContextQuery::All`]; empty otherwise).
+    pub events: Vec<Event>,
+    /// Where the context was when read: the write's observation.
+    pub position: Position,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The command's events were committed, once.
+    Committed(WriteResult),
+    /// The decision appended nothing.
+    Nothing,
+}
+
+/// A finished command: its outcome and how it got there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The outcome.
+    pub outcome: Outcome,
+    /// The ids the command's events carried (its last decision's, one per event).
+    pub event_ids: Vec<String>,
+    /// Writes sent.
+    pub attempts: u32,
+    /// Attempts refused because the context had moved.
+    pub conflicts: u32,
+    /// Attempts whose reply was lost.
+    pub ambiguous: u32,
+    /// Lost replies found, by reading, to have committed.
+    pub resolved_by_reading: u32,
+}
+
+/// Why [`Client::decide`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError<E> {
+    /// The decision function refused the command.
+    #[error("the command was rejected: {0}")]
+    Rejected(E),
+    /// A call failed in a way no retry changes (permissions, a missing boundary, a reused
+    /// id); the command was not committed.
+    #[error(transparent)]
+    Failed(Error),
+    /// The attempts ran out; `last` is the final failure. The command was not committed,
+    /// unless `last` [is ambiguous](Error::is_ambiguous).
+    #[error("gave up after {attempts} attempts: {last}")]
+    GaveUp {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last: Error,
+    },
+}
+
+/// The command's event ids: drawn once, extended if a later decision appends more events.
+struct CommandIds(Vec<String>);
+
+impl CommandIds {
+    fn assign(&mut self, events: &mut [NewEvent]) {
+        while self.0.len() < events.len() {
+            self.0.push(uuid::Uuid::now_v7().to_string());
+        }
+        for (event, id) in events.iter_mut().zip(&self.0) {
+            event.id.clone_from(id);
+        }
+    }
+}
+
+impl Client {
+    /// Runs a command: reads its context from `boundary`, calls `decision` with it, and
+    /// appends the events it returns on condition that the context is unchanged, retrying
+    /// as the module documentation describes. `decision` may run several times (once per
+    /// read); it should be a pure function of the context. An empty list of events ends the
+    /// command with [`Outcome::Nothing`].
+    pub async fn decide<E, F>(
+        &self,
+        boundary: &str,
+        context: &ContextQuery,
+        mut decision: F,
+    ) -> Result<Decided, DecideError<E>>
+    where
+        F: FnMut(&Context) -> Result<Vec<NewEvent>, E>,
+    {
+        let max = self.config().decide_attempts;
+        let idempotent = self
+            .idempotent(boundary)
+            .await
+            .map_err(DecideError::Failed)?;
+        let query = query_of(context.criteria());
+        let mut ids = CommandIds(Vec::new());
+        let mut done = Decided {
+            outcome: Outcome::Nothing,
+            event_ids: Vec::new(),
+            attempts: 0,
+            conflicts: 0,
+            ambiguous: 0,
+            resolved_by_reading: 0,
+        };
+        let mut failures = 0u32;
+        let give_up = |failures: &mut u32, error: Error| -> Option<DecideError<E>> {
+            *failures += 1;
+            if *failures >= max {
+                Some(DecideError::GaveUp {
+                    attempts: *failures,
+                    last: error,
+                })
+            } else {
+                None
+            }
+        };
+        'decide: loop {
+            let seen = match self.read_context(boundary, context).await {
+                Ok(seen) => seen,
+                Err(error) if error.is_ambiguous() => {
+                    if let Some(e) = give_up(&mut failures, error) {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(self.backoff(failures)).await;
+                    continue;
+                }
+                Err(error) => return Err(DecideError::Failed(error)),
+            };
+            let mut events = decision(&seen).map_err(DecideError::Rejected)?;
+            if events.is_empty() {
+                return Ok(done);
+            }
+            ids.assign(&mut events);
+            done.event_ids = ids.0[..events.len()].to_vec();
+            // Built once: every retry of this decision sends the same bytes.
+            let request = pb::SaveEventsV2Request {
+                boundary: boundary.to_string(),
+                events: events.iter().map(NewEvent::to_wire).collect(),
+                consistency: vec![
+                    Observation {
+                        query: query.clone(),
+                        position: seen.position,
+                    }
+                    .to_wire(),
+                ],
+            };
+            loop {
+                done.attempts += 1;
+                let error = match self.save(&request).await {
+                    Ok(result) => {
+                        done.outcome = Outcome::Committed(result);
+                        return Ok(done);
+                    }
+                    Err(error) => error,
+                };
+                if let Error::Conflict { .. } = error {
+                    done.conflicts += 1;
+                    if let Some(e) = give_up(&mut failures, error) {
+                        return Err(e);
+                    }
+                    // The seed re-reads at once; under contention, jittered pauses let
+                    // the competing commands through one at a time.
+                    if done.conflicts > 1 {
+                        tokio::time::sleep(self.backoff(done.conflicts - 1)).await;
+                    }
+                    continue 'decide;
+                }
+                if !error.is_ambiguous() {
+                    return Err(DecideError::Failed(error));
+                }
+                done.ambiguous += 1;
+                if let Some(e) = give_up(&mut failures, error) {
+                    return Err(e);
+                }
+                tokio::time::sleep(self.backoff(failures)).await;
+                if idempotent {
+                    continue;
+                }
+                // Did the lost attempt commit? Keep asking until a read answers.
+                loop {
+                    match self
+                        .find_write(boundary, &query, seen.position, &done.event_ids)
+                        .await
+                    {
+                        Ok(Some(result)) => {
+                            done.resolved_by_reading += 1;
+                            done.outcome = Outcome::Committed(result);
+                            return Ok(done);
+                        }
+                        Ok(None) => continue 'decide,
+                        Err(error) if error.is_ambiguous() => {
+                            if let Some(e) = give_up(&mut failures, error) {
+                                return Err(e);
+                            }
+                            tokio::time::sleep(self.backoff(failures)).await;
+                        }
+                        Err(error) => return Err(DecideError::Failed(error)),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_context(&self, boundary: &str, context: &ContextQuery) -> Result<Context, Error> {
+        match context {
+            ContextQuery::Latest(criteria) => {
+                let latest = self.latest_by_criteria(boundary, criteria).await?;
+                Ok(Context {
+                    position: latest.context_position,
+                    latest: latest.events,
+                    events: Vec::new(),
+                })
+            }
+            ContextQuery::All(criteria) => {
+                let events = self
+                    .read_all(boundary, Some(&query_of(criteria)), None)
+                    .await?;
+                Ok(Context {
+                    position: events.last().map_or(Position::NONE, |e| e.position),
+                    latest: Vec::new(),
+                    events,
+                })
+            }
+        }
+    }
+
+    /// The result of the write that stored events `ids`, if one did. Such a write came
+    /// after the context was read at `observed`, so only later events are searched: those
+    /// matching the context first (where a decision's events usually are), then all.
+    async fn find_write(
+        &self,
+        boundary: &str,
+        query: &Query,
+        observed: Position,
+        ids: &[String],
+    ) -> Result<Option<WriteResult>, Error> {
+        let after = (!observed.is_none()).then_some(observed);
+        let in_context = self.read_all(boundary, Some(query), after).await?;
+        if let Some(found) = written(&in_context, ids)? {
+            return Ok(Some(found));
+        }
+        let everything = self.read_all(boundary, None, after).await?;
+        written(&everything, ids)
+    }
+}
+
+/// The write that stored all of `ids` among `events`, or `None` if none of them is there.
+fn written(events: &[Event], ids: &[String]) -> Result<Option<WriteResult>, Error> {
+    let found: Vec<&Event> = events.iter().filter(|e| ids.contains(&e.id)).collect();
+    let Some(last) = found.last() else {
+        return Ok(None);
+    };
+    if found.len() != ids.len() {
+        return Err(Error::InvalidResponse(format!(
+            "{} of the command's {} event ids are stored: a write is all or nothing",
+            found.len(),
+            ids.len()
+        )));
+    }
+    Ok(Some(WriteResult {
+        position: last.position,
+        write_id: last.write_id.clone(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(id: &str, prepare: i64, commit: i64) -> Event {
+        Event {
+            id: id.into(),
+            event_type: "T".into(),
+            data: "{}".into(),
+            metadata: "{}".into(),
+            position: Position::new(commit, prepare),
+            date_created: std::time::SystemTime::UNIX_EPOCH,
+            write_id: format!("{commit}:{}", commit - 1),
+        }
+    }
+
+    #[test]
+    fn a_command_keeps_its_ids_across_decisions() {
+        let mut ids = CommandIds(Vec::new());
+        let mut first = vec![NewEvent::new("A", &serde_json::json!({}))];
+        ids.assign(&mut first);
+        let mut second = vec![
+            NewEvent::new("A", &serde_json::json!({ "again": true })),
+            NewEvent::new("B", &serde_json::json!({})),
+        ];
+        ids.assign(&mut second);
+        assert_eq!(
+            second[0].id, first[0].id,
+            "the first event keeps the command's id"
+        );
+        assert_ne!(second[1].id, first[0].id);
+        let mut third = vec![NewEvent::new("B", &serde_json::json!({}))];
+        ids.assign(&mut third);
+        assert_eq!(third[0].id, first[0].id);
+    }
+
+    #[test]
+    fn a_write_is_found_whole_or_not_at_all() {
+        let events = [stored("x", 3, 4), stored("a", 4, 6), stored("b", 5, 6)];
+        let ids = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            written(&events, &ids(&["a", "b"])).expect("found"),
+            Some(WriteResult {
+                position: Position::new(6, 5),
+                write_id: "6:5".into()
+            })
+        );
+        assert_eq!(written(&events, &ids(&["c"])).expect("absent"), None);
+        assert!(matches!(
+            written(&events, &ids(&["b", "c"])),
+            Err(Error::InvalidResponse(_))
+        ));
+    }
+}

@@ -1,0 +1,46 @@
+//! The crate's examples, run against a real in-process Cairn server: they are the crate's
+//! documentation, so they must keep working.
+
+use std::time::Duration;
+
+#[allow(dead_code)]
+#[path = "../examples/tour.rs"]
+mod tour;
+
+#[allow(dead_code)]
+#[path = "../examples/transfers.rs"]
+mod transfers;
+
+/// A one-node server on an ephemeral port with the defaults a user gets (boundary
+/// `default`, admin/changeit).
+async fn server() -> (cairn_server::RunningServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = cairn_server::ServeConfig::for_test(dir.path().join("data"));
+    let server = cairn_server::start(config).await.expect("server starts");
+    (server, dir)
+}
+
+#[tokio::test]
+async fn the_tour_example_runs() {
+    let (server, _dir) = server().await;
+    let endpoint = format!("http://{}", server.grpc_addr);
+    tokio::time::timeout(Duration::from_secs(60), tour::run(&endpoint))
+        .await
+        .expect("the tour finishes")
+        .expect("the tour succeeds");
+    // Twice against the same server: the tour is repeatable.
+    tour::run(&endpoint).await.expect("the tour runs again");
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn the_transfers_example_runs() {
+    let (server, _dir) = server().await;
+    let endpoint = format!("http://{}", server.grpc_addr);
+    let balances = tokio::time::timeout(Duration::from_secs(60), transfers::run(&endpoint))
+        .await
+        .expect("the transfers finish")
+        .expect("the transfers succeed");
+    assert_eq!(balances, (10, 190));
+    server.shutdown().await.expect("clean shutdown");
+}

@@ -288,6 +288,31 @@ impl Client {
         self.save(&request).await
     }
 
+    /// The deprecated single-condition write (`SaveEvents`), for code written against it:
+    /// `condition` is the observation the write needs to hold (none: unconditional).
+    /// Prefer [`Client::append`]. Not retried, like it.
+    pub async fn append_legacy(
+        &self,
+        boundary: &str,
+        events: &[NewEvent],
+        condition: Option<&Observation>,
+    ) -> Result<WriteResult, Error> {
+        let request = pb::SaveEventsRequest {
+            boundary: boundary.to_string(),
+            query: condition.map(|o| pb::SaveQuery {
+                expected_position: Some(cairn_proto::convert::position_to_wire(o.position)),
+                subset_query: Some(cairn_proto::convert::query_to_wire(&o.query)),
+            }),
+            events: events.iter().map(NewEvent::to_wire).collect(),
+        };
+        let result = self
+            .call(Retry::Never, &request, |ch, r| async move {
+                Self::event_store(ch).save_events(r).await
+            })
+            .await?;
+        WriteResult::from_wire(result)
+    }
+
     /// SaveEventsV2 with a request built once, so that every attempt sends the same bytes.
     pub(crate) async fn save(
         &self,
@@ -438,6 +463,24 @@ impl Client {
             })
             .await?;
         Ok(reply.indexes)
+    }
+
+    /// One index of a boundary.
+    pub async fn get_index(
+        &self,
+        boundary: &str,
+        name: &str,
+    ) -> Result<Option<pb::IndexDefinition>, Error> {
+        let request = pb::GetIndexRequest {
+            boundary: boundary.to_string(),
+            name: name.to_string(),
+        };
+        let reply = self
+            .call(Retry::Safe, &request, |ch, r| async move {
+                Self::event_store(ch).get_index(r).await
+            })
+            .await?;
+        Ok(reply.index)
     }
 
     /// Creates a boundary with Cairn's options (ADMIN; `cairn.v1.Boundaries`). Idempotent

@@ -192,3 +192,59 @@ async fn a_subscription_resumes_after_its_connection_breaks() {
     );
     server.shutdown().await.expect("clean shutdown");
 }
+
+#[tokio::test]
+async fn the_legacy_write_and_the_index_calls_are_typed_too() {
+    let (server, _dir) = server().await;
+    let client = admin(&[format!("http://{}", server.grpc_addr)]);
+    let context = query_of(&[Criterion::of([("account", "a")])]);
+    let unset = Observation {
+        query: context,
+        position: Position::NONE,
+    };
+    let first = client
+        .append_legacy("default", &[deposit("a", 1)], Some(&unset))
+        .await
+        .expect("the legacy write");
+    assert_eq!(
+        client
+            .append_legacy("default", &[deposit("a", 2)], Some(&unset))
+            .await,
+        Err(Error::Conflict {
+            expected: Position::NONE,
+            actual: first.position
+        })
+    );
+    client
+        .create_index(cairn_client::wire::CreateIndexRequest {
+            boundary: "default".into(),
+            name: "by_account".into(),
+            fields: vec![cairn_client::wire::IndexField {
+                json_key: "account".into(),
+                value_type: cairn_client::wire::ValueType::Text as i32,
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect("create an index");
+    let listed = client.list_indexes("default").await.expect("list");
+    assert_eq!(listed.len(), 1);
+    let got = client
+        .get_index("default", "by_account")
+        .await
+        .expect("get")
+        .expect("the index");
+    assert_eq!(got.fields[0].json_key, "account");
+    client
+        .drop_index(cairn_client::wire::DropIndexRequest {
+            boundary: "default".into(),
+            name: "by_account".into(),
+        })
+        .await
+        .expect("drop");
+    assert!(matches!(
+        client.get_index("default", "by_account").await,
+        Err(Error::NotFound(_))
+    ));
+    server.shutdown().await.expect("clean shutdown");
+}

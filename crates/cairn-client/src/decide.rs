@@ -7,13 +7,14 @@
 //! - on a boundary with idempotent event ids it sends the very same request again: if the
 //!   first one committed, the server answers with that write's original result and writes
 //!   nothing; if not, the retry is an ordinary attempt;
-//! - on any other boundary it reads the events written since the context it observed and
-//!   looks for the command's ids: found, the command is done; absent, it decides again.
+//! - on any other boundary it looks, through the index, for the command's first event
+//!   among those written since the context it observed: found, the command is done;
+//!   absent, it decides again.
 //!   This is exact when the command's events match its own context query (the seed's
 //!   pattern: a decision appends to the context it read), since then a late commit of the
 //!   lost attempt also conflicts with the next one; see docs/idempotency.md.
 
-use cairn_core::{Criterion, Position, Query};
+use cairn_core::{Criterion, Position, Query, Tag};
 use cairn_proto::orisun as pb;
 
 use crate::types::{Event, NewEvent, Observation, WriteResult, query_of};
@@ -215,7 +216,7 @@ impl Client {
                 // Did the lost attempt commit? Keep asking until a read answers.
                 loop {
                     match self
-                        .find_write(boundary, &query, seen.position, &done.event_ids)
+                        .find_write(boundary, &query, seen.position, &events[0])
                         .await
                     {
                         Ok(Some(result)) => {
@@ -260,43 +261,66 @@ impl Client {
         }
     }
 
-    /// The result of the write that stored events `ids`, if one did. Such a write came
-    /// after the context was read at `observed`, so only later events are searched: those
-    /// matching the context first (where a decision's events usually are), then all.
+    /// The result of the write that stored the command's first event (`first`, with id
+    /// `ids[0]`), if one did. Such a write came after the context was read at `observed`, so
+    /// only later events are searched, through the index: those matching the context
+    /// (where a decision's events usually are), then those matching the event's own type and
+    /// string fields, which it matches by construction — never a scan of the boundary.
     async fn find_write(
         &self,
         boundary: &str,
         query: &Query,
         observed: Position,
-        ids: &[String],
+        first: &NewEvent,
     ) -> Result<Option<WriteResult>, Error> {
         let after = (!observed.is_none()).then_some(observed);
-        let in_context = self.read_all(boundary, Some(query), after).await?;
-        if let Some(found) = written(&in_context, ids)? {
-            return Ok(Some(found));
+        if !query.criteria.is_empty() {
+            let in_context = self.read_all(boundary, Some(query), after).await?;
+            if let Some(found) = written(&in_context, &first.id) {
+                return Ok(Some(found));
+            }
         }
-        let everything = self.read_all(boundary, None, after).await?;
-        written(&everything, ids)
+        let own = Query::of([identity_criterion(first)]);
+        let alike = self.read_all(boundary, Some(&own), after).await?;
+        Ok(written(&alike, &first.id))
     }
 }
 
-/// The write that stored all of `ids` among `events`, or `None` if none of them is there.
-fn written(events: &[Event], ids: &[String]) -> Result<Option<WriteResult>, Error> {
-    let found: Vec<&Event> = events.iter().filter(|e| ids.contains(&e.id)).collect();
-    let Some(last) = found.last() else {
-        return Ok(None);
-    };
-    if found.len() != ids.len() {
-        return Err(Error::InvalidResponse(format!(
-            "{} of the command's {} event ids are stored: a write is all or nothing",
-            found.len(),
-            ids.len()
-        )));
+/// Top-level string fields an identity criterion uses at most, besides the type.
+const IDENTITY_FIELDS: usize = 8;
+
+/// A criterion `event` matches once stored: its type and some of its top-level string fields
+/// (the server indexes every top-level scalar and the type). Strings only: their tag text is
+/// the string itself, whereas a number's is its canonical form.
+fn identity_criterion(event: &NewEvent) -> Criterion {
+    let mut tags = vec![Tag::new("eventType", event.event_type.clone())];
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(&event.data) {
+        let usable = |key: &str, text: &str| {
+            !key.is_empty() && key != "eventType" && !key.contains('\0') && !text.contains('\0')
+        };
+        for (key, value) in fields {
+            if let serde_json::Value::String(text) = value
+                && usable(&key, &text)
+            {
+                tags.push(Tag::new(key, text));
+                if tags.len() > IDENTITY_FIELDS {
+                    break;
+                }
+            }
+        }
     }
-    Ok(Some(WriteResult {
-        position: last.position,
-        write_id: last.write_id.clone(),
-    }))
+    Criterion { tags }
+}
+
+/// The write that stored the event with id `id` among `events` (a write is all or nothing,
+/// so finding one of the command's events finds the command).
+fn written(events: &[Event], id: &str) -> Option<WriteResult> {
+    let event = events.iter().find(|e| e.id == id)?;
+    // A write's commit position is its last event's prepare position + 1.
+    Some(WriteResult {
+        position: Position::new(event.position.commit, event.position.commit - 1),
+        write_id: event.write_id.clone(),
+    })
 }
 
 #[cfg(test)]
@@ -336,20 +360,36 @@ mod tests {
     }
 
     #[test]
-    fn a_write_is_found_whole_or_not_at_all() {
+    fn a_write_is_found_by_any_of_its_events() {
         let events = [stored("x", 3, 4), stored("a", 4, 6), stored("b", 5, 6)];
-        let ids = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            written(&events, &ids(&["a", "b"])).expect("found"),
-            Some(WriteResult {
-                position: Position::new(6, 5),
-                write_id: "6:5".into()
-            })
+        let whole = Some(WriteResult {
+            position: Position::new(6, 5),
+            write_id: "6:5".into(),
+        });
+        assert_eq!(written(&events, "a"), whole);
+        assert_eq!(written(&events, "b"), whole);
+        assert_eq!(written(&events, "c"), None);
+    }
+
+    #[test]
+    fn an_event_matches_its_identity_criterion() {
+        let event = NewEvent::new(
+            "Deposited",
+            &serde_json::json!({ "account": "a-1", "amount": 5, "note": "", "eventType": "X" }),
         );
-        assert_eq!(written(&events, &ids(&["c"])).expect("absent"), None);
-        assert!(matches!(
-            written(&events, &ids(&["b", "c"])),
-            Err(Error::InvalidResponse(_))
-        ));
+        let criterion = identity_criterion(&event);
+        assert_eq!(
+            criterion.tags,
+            vec![
+                Tag::new("eventType", "Deposited"),
+                Tag::new("account", "a-1"),
+                Tag::new("note", ""),
+            ]
+        );
+        let wide: serde_json::Map<String, serde_json::Value> = (0..20)
+            .map(|i| (format!("k{i}"), serde_json::Value::String(i.to_string())))
+            .collect();
+        let many = NewEvent::new("T", &serde_json::Value::Object(wide));
+        assert_eq!(identity_criterion(&many).tags.len(), IDENTITY_FIELDS + 1);
     }
 }

@@ -16,6 +16,7 @@ mod apply;
 mod catalog;
 mod checkpoint;
 pub mod keys;
+mod posting;
 mod read;
 
 use std::path::{Path, PathBuf};

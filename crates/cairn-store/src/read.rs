@@ -1,17 +1,16 @@
 //! Reads: positions, filtered pages, latest-by-criteria, write contexts.
 //!
-//! Every criterion is answered from the `tags` posting lists. A criterion (AND of tags) is a
-//! leapfrog intersection: seek each tag's list to the current candidate; a list that lands
-//! elsewhere moves the candidate; when all lists agree, the candidate matches. Backwards
-//! (seek_for_prev) it finds the newest match, forwards (seek) the next one. A query (OR) is
-//! the max (latest) or a k-way merge (pages) of its criteria.
+//! Every criterion is answered from the `tags` posting lists by a leapfrog cursor
+//! ([`crate::posting`]). A query (OR) is the max (latest) or a k-way merge (pages) of its
+//! criteria.
 
 use cairn_core::event::StoredEvent;
 use cairn_core::{Criterion, Observation, Position, Query};
-use rocksdb::{DB, DBRawIterator, ReadOptions, SnapshotWithThreadMode};
+use rocksdb::{DB, ReadOptions, SnapshotWithThreadMode};
 
 use crate::catalog::decode_json;
 use crate::keys;
+use crate::posting::{CriterionCursor, Posting};
 use crate::{CF_EVENT_IDS, CF_EVENTS, CF_TAGS, CF_WRITES, Store, StoreError};
 
 /// Read direction.
@@ -36,158 +35,6 @@ pub enum ReadStart {
     Prepare(u64),
 }
 
-/// One tag's posting list, positioned by seeks. A row holds the events of one write that
-/// carry the tag (see `keys::encode_row`); the row under the iterator is kept decoded, so
-/// successive lookups inside it, or in the row next to it, need no new seek.
-struct Posting<'a> {
-    prefix: Vec<u8>,
-    it: DBRawIterator<'a>,
-    /// Members (ascending) of the row under the iterator; empty when it is on none.
-    members: Vec<u64>,
-    /// Commit position of that row's write.
-    commit: u64,
-}
-
-impl Posting<'_> {
-    /// Greatest prepare ≤ `at` in this list.
-    fn at_or_before(&mut self, at: u64) -> Result<Option<(u64, u64)>, StoreError> {
-        if !self.row_spans(at) {
-            let stepped_back = match self.members.first() {
-                // Scanning newest-first: the answer is often in the previous row.
-                Some(&first) if at < first => {
-                    self.it.prev();
-                    self.load()? && self.members[0] <= at
-                }
-                _ => false,
-            };
-            if !stepped_back {
-                self.it.seek_for_prev(keys::with_prepare(&self.prefix, at));
-                if !self.load()? {
-                    return Ok(None);
-                }
-            }
-        }
-        // The row starts at or before `at`, so some member qualifies.
-        Ok(self
-            .members
-            .iter()
-            .rev()
-            .find(|m| **m <= at)
-            .map(|m| (*m, self.commit)))
-    }
-
-    /// Smallest prepare ≥ `at` in this list.
-    fn at_or_after(&mut self, at: u64) -> Result<Option<(u64, u64)>, StoreError> {
-        if self.row_spans(at) {
-            return Ok(self.first_member_from(at));
-        }
-        if self.members.last().is_some_and(|last| *last < at) {
-            // Scanning oldest-first: the answer is often the next row's first member.
-            self.it.next();
-            if !self.load()? {
-                return Ok(None);
-            }
-            if self.members[0] >= at {
-                return Ok(Some((self.members[0], self.commit)));
-            }
-        }
-        // The row starting at or before `at` may still reach it; if not, the next row does.
-        self.it.seek_for_prev(keys::with_prepare(&self.prefix, at));
-        if self.load()? {
-            if self.members.last().is_some_and(|last| *last >= at) {
-                return Ok(self.first_member_from(at));
-            }
-            self.it.next();
-        } else {
-            self.it.seek(keys::with_prepare(&self.prefix, at));
-        }
-        Ok(self.load()?.then(|| (self.members[0], self.commit)))
-    }
-
-    /// Whether the decoded row has members on both sides of (or at) `at`.
-    fn row_spans(&self, at: u64) -> bool {
-        match (self.members.first(), self.members.last()) {
-            (Some(first), Some(last)) => *first <= at && at <= *last,
-            _ => false,
-        }
-    }
-
-    fn first_member_from(&self, at: u64) -> Option<(u64, u64)> {
-        self.members
-            .iter()
-            .find(|m| **m >= at)
-            .map(|m| (*m, self.commit))
-    }
-
-    /// Decodes the row under the iterator; false (and no row) when it is outside this list.
-    fn load(&mut self) -> Result<bool, StoreError> {
-        match self.it.item() {
-            Some((k, v))
-                if k.starts_with(&self.prefix)
-                    && k.len() == self.prefix.len() + keys::PREPARE_BYTES =>
-            {
-                let first = keys::prepare_suffix(k)?;
-                self.commit = keys::decode_row(first, v, &mut self.members)?;
-                Ok(true)
-            }
-            _ => {
-                self.members.clear();
-                self.it.status()?;
-                Ok(false)
-            }
-        }
-    }
-}
-
-/// Leapfrog cursor over one criterion.
-struct CriterionCursor<'a> {
-    lists: Vec<Posting<'a>>,
-}
-
-impl CriterionCursor<'_> {
-    /// Newest (prepare, commit) ≤ `upper` matching every tag.
-    fn latest_at_or_before(&mut self, upper: u64) -> Result<Option<(u64, u64)>, StoreError> {
-        let n = self.lists.len();
-        let (mut candidate, mut agree, mut i) = (upper, 0usize, 0usize);
-        loop {
-            let Some((p, commit)) = self.lists[i].at_or_before(candidate)? else {
-                return Ok(None);
-            };
-            if p == candidate {
-                agree += 1;
-            } else {
-                candidate = p;
-                agree = 1;
-            }
-            if agree == n {
-                return Ok(Some((candidate, commit)));
-            }
-            i = (i + 1) % n;
-        }
-    }
-
-    /// Oldest (prepare, commit) ≥ `lower` matching every tag.
-    fn first_at_or_after(&mut self, lower: u64) -> Result<Option<(u64, u64)>, StoreError> {
-        let n = self.lists.len();
-        let (mut candidate, mut agree, mut i) = (lower, 0usize, 0usize);
-        loop {
-            let Some((p, commit)) = self.lists[i].at_or_after(candidate)? else {
-                return Ok(None);
-            };
-            if p == candidate {
-                agree += 1;
-            } else {
-                candidate = p;
-                agree = 1;
-            }
-            if agree == n {
-                return Ok(Some((candidate, commit)));
-            }
-            i = (i + 1) % n;
-        }
-    }
-}
-
 /// A consistent view of one boundary: a RocksDB snapshot, or the live DB for the writer.
 struct View<'a> {
     db: &'a DB,
@@ -207,19 +54,12 @@ impl<'a> View<'a> {
 
     fn posting(&self, key: &str, value: &str) -> Result<Posting<'a>, StoreError> {
         let prefix = keys::tag_prefix(self.bid, key, value);
-        let mut opts = self.read_opts();
-        opts.set_iterate_lower_bound(prefix.clone());
-        let mut upper = prefix.clone();
-        upper.extend_from_slice(&[0xff; 9]);
-        opts.set_iterate_upper_bound(upper);
-        opts.set_prefix_same_as_start(true);
-        let it = self.db.raw_iterator_cf_opt(self.store.cf(CF_TAGS)?, opts);
-        Ok(Posting {
+        Ok(Posting::open(
+            self.db,
+            self.store.cf(CF_TAGS)?,
+            self.read_opts(),
             prefix,
-            it,
-            members: Vec::new(),
-            commit: 0,
-        })
+        ))
     }
 
     fn cursor(&self, criterion: &Criterion) -> Result<CriterionCursor<'a>, StoreError> {
@@ -651,63 +491,5 @@ impl Store {
         }
         it.status()?;
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-    use crate::StoreOptions;
-
-    /// Writes as (gap after the previous write, events, which events carry the tag).
-    fn writes() -> impl Strategy<Value = Vec<(u64, u64, u64)>> {
-        prop::collection::vec((0..3u64, 1..8u64, 1..256u64), 0..12)
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
-
-        /// Any sequence of lookups, in any order (so every path of the cursor — the decoded
-        /// row, its neighbour, a fresh seek — is taken), answers what a scan of every member
-        /// would.
-        #[test]
-        fn posting_cursor_agrees_with_a_scan(
-            writes in writes(),
-            lookups in prop::collection::vec((any::<bool>(), 0..80u64), 1..40),
-        ) {
-            let dir = tempfile::tempdir().expect("dir");
-            let store = Store::open(dir.path(), &StoreOptions::default()).expect("open");
-            let cf = store.cf(CF_TAGS).expect("cf");
-            let prefix = keys::tag_prefix(1, "k", "v");
-            // Neighbouring lists, which the cursor must never stray into.
-            for other in [keys::tag_prefix(1, "k", "u"), keys::tag_prefix(1, "k", "w")] {
-                for p in [0, 5, 40] {
-                    store.db().put_cf(cf, keys::with_prepare(&other, p), [1]).expect("put");
-                }
-            }
-            let (mut members, mut next, mut value) = (Vec::new(), 0u64, Vec::new());
-            for (gap, len, mask) in writes {
-                let first = next + gap;
-                let commit = first + len;
-                let tagged: Vec<u64> = (0..len).filter(|i| mask & (1 << i) != 0).map(|i| first + i).collect();
-                next = commit;
-                let Some((&head, later)) = tagged.split_first() else { continue };
-                keys::encode_row(head, commit, later.iter().copied(), &mut value);
-                store.db().put_cf(cf, keys::with_prepare(&prefix, head), &value).expect("put");
-                members.extend(tagged.iter().map(|m| (*m, commit)));
-            }
-            let view = View { db: store.db(), snapshot: None, bid: 1, store: &store };
-            let mut posting = view.posting("k", "v").expect("posting");
-            for (before, at) in lookups {
-                let (got, want) = if before {
-                    (posting.at_or_before(at).expect("read"), members.iter().rev().find(|(m, _)| *m <= at).copied())
-                } else {
-                    (posting.at_or_after(at).expect("read"), members.iter().find(|(m, _)| *m >= at).copied())
-                };
-                prop_assert_eq!(got, want, "{} {}", if before { "at_or_before" } else { "at_or_after" }, at);
-            }
-        }
     }
 }

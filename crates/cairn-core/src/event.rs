@@ -141,6 +141,22 @@ mod tests {
         }
     }
 
+    /// The documented nesting limit holds: data as deep as the limit is accepted, one level
+    /// deeper is refused as invalid (not a stack overflow, not an internal error).
+    #[test]
+    fn json_nesting_is_limited_to_max_json_depth() {
+        let nested = |depth: usize| format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
+        NewEvent::validate(raw("a", "T", &nested(crate::limits::MAX_JSON_DEPTH)), 0)
+            .expect("as deep as the limit");
+        let too_deep =
+            NewEvent::validate(raw("a", "T", &nested(crate::limits::MAX_JSON_DEPTH + 1)), 0)
+                .expect_err("one level deeper");
+        assert!(
+            matches!(too_deep, Error::InvalidArgument(_)),
+            "{too_deep:?}"
+        );
+    }
+
     #[test]
     fn e1_required_fields() {
         assert!(validate_events(vec![]).is_err());

@@ -14,8 +14,9 @@ pub const MAX_READ_COUNT: u32 = 10_000;
 pub const MAX_EVENT_ID_BYTES: usize = 1024;
 /// Maximum length in bytes of an event type.
 pub const MAX_EVENT_TYPE_BYTES: usize = 1024;
-/// Maximum nesting depth of event data/metadata JSON (serde_json's own recursion limit).
-pub const MAX_JSON_DEPTH: usize = 128;
+/// Maximum nesting depth of event data/metadata JSON, the top-level object counted: what
+/// serde_json's recursion limit (128) lets through; one level more is INVALID_ARGUMENT.
+pub const MAX_JSON_DEPTH: usize = 127;
 /// Maximum length of a boundary or index name (B1).
 pub const MAX_NAME_LEN: usize = 63;
 /// Numbers whose plain decimal expansion would exceed this many characters are indexed by

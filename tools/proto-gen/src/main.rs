@@ -57,7 +57,11 @@ fn files(dir: &Path) -> std::io::Result<Vec<String>> {
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let check = std::env::args().skip(1).any(|a| a == "--check");
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    // `cargo run` reports the crate's directory at run time too: a binary built in another
+    // checkout sharing the target directory (CI's) then still reads this checkout's protos.
+    let manifest_dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let root = PathBuf::from(manifest_dir).join("../..");
     let committed = root.join("crates/cairn-proto/src/generated");
     if !check {
         generate(&root, &committed)?;

@@ -8,8 +8,8 @@
 
 use anyhow::{Context as _, bail};
 use cairn_client::{
-    Client, ClientConfig, Criterion, Error, NewEvent, Observation, Position, SubscribeRequest,
-    query_of,
+    Client, ClientConfig, Criterion, Error, NewEvent, Observation, Position, Query,
+    SubscribeRequest,
 };
 use futures::StreamExt;
 use serde_json::json;
@@ -32,12 +32,12 @@ pub async fn run(endpoint: &str) -> anyhow::Result<()> {
 
     // A fresh account per run, so the tour can run again against the same server.
     let account = format!("acct-{}", uuid_suffix());
-    let context = vec![Criterion::of([("accountId", account.as_str())])];
+    let context = Query::of([Criterion::of([("accountId", account.as_str())])]);
     let boundary = "default";
 
     // 1. Open the account on condition that nothing about it exists yet.
     let empty = Observation {
-        query: query_of(&context),
+        query: context.clone(),
         position: Position::NONE,
     };
     let opened = client
@@ -56,7 +56,9 @@ pub async fn run(endpoint: &str) -> anyhow::Result<()> {
     );
 
     // 2. Read the context: the newest event per criterion and the position to observe.
-    let latest = client.latest_by_criteria(boundary, &context).await?;
+    let latest = client
+        .latest_by_criteria(boundary, &context.criteria)
+        .await?;
     println!("context is at {}", latest.context_position);
 
     // 3. The same stale observation again is a conflict, decoded into positions.
@@ -80,7 +82,7 @@ pub async fn run(endpoint: &str) -> anyhow::Result<()> {
     // 4. Follow the account from the beginning; then a debit arrives live.
     let mut events = client.subscribe(SubscribeRequest {
         boundary: boundary.to_string(),
-        query: Some(query_of(&context)),
+        query: Some(context.clone()),
         after: Some(Position::BEGINNING),
         subscriber_name: format!("tour-{account}"),
     });
@@ -94,7 +96,7 @@ pub async fn run(endpoint: &str) -> anyhow::Result<()> {
                 &json!({ "accountId": account, "amount": 30 }),
             )],
             &[Observation {
-                query: query_of(&context),
+                query: context.clone(),
                 position: latest.context_position,
             }],
         )

@@ -114,7 +114,7 @@ pub async fn run(endpoint: &str) -> anyhow::Result<(i64, i64)> {
     let mut criteria = account_context(&alice);
     criteria.extend(account_context(&bob));
     let everything = client
-        .read_all(BOUNDARY, Some(&cairn_client::query_of(&criteria)), None)
+        .read_all(BOUNDARY, Some(&cairn_client::Query::of(criteria)), None)
         .await?;
     let seen = Context {
         latest: vec![],

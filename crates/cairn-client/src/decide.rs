@@ -17,7 +17,7 @@
 use cairn_core::{Criterion, Position, Query, Tag};
 use cairn_proto::orisun as pb;
 
-use crate::types::{Event, NewEvent, Observation, WriteResult, query_of};
+use crate::types::{Event, NewEvent, Observation, WriteResult};
 use crate::{Client, Error};
 
 /// How [`Client::decide`] reads a command's context.
@@ -129,7 +129,7 @@ impl Client {
             .idempotent(boundary)
             .await
             .map_err(DecideError::Failed)?;
-        let query = query_of(context.criteria());
+        let query = Query::of(context.criteria().iter().cloned());
         let mut ids = CommandIds(Vec::new());
         let mut done = Decided {
             outcome: Outcome::Nothing,
@@ -152,7 +152,7 @@ impl Client {
             }
         };
         'decide: loop {
-            let seen = match self.read_context(boundary, context).await {
+            let seen = match self.read_context(boundary, context, &query).await {
                 Ok(seen) => seen,
                 Err(error) if error.is_ambiguous() => {
                     if let Some(e) = give_up(&mut failures, error) {
@@ -238,7 +238,13 @@ impl Client {
         }
     }
 
-    async fn read_context(&self, boundary: &str, context: &ContextQuery) -> Result<Context, Error> {
+    /// Reads the context; `query` is its criteria as one query (built once per command).
+    async fn read_context(
+        &self,
+        boundary: &str,
+        context: &ContextQuery,
+        query: &Query,
+    ) -> Result<Context, Error> {
         match context {
             ContextQuery::Latest(criteria) => {
                 let latest = self.latest_by_criteria(boundary, criteria).await?;
@@ -248,10 +254,8 @@ impl Client {
                     events: Vec::new(),
                 })
             }
-            ContextQuery::All(criteria) => {
-                let events = self
-                    .read_all(boundary, Some(&query_of(criteria)), None)
-                    .await?;
+            ContextQuery::All(_) => {
+                let events = self.read_all(boundary, Some(query), None).await?;
                 Ok(Context {
                     position: events.last().map_or(Position::NONE, |e| e.position),
                     latest: Vec::new(),

@@ -67,7 +67,6 @@ pub use error::Error;
 pub use subscribe::{EventStream, SubscribeRequest};
 pub use types::{
     BoundaryInfo, Direction, Event, Latest, NewEvent, Observation, ReadRequest, WriteResult,
-    query_of,
 };
 
 /// The generated wire types, for the calls that take them as they are (indexes, server

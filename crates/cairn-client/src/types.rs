@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use cairn_core::{Criterion, Position, Query};
+use cairn_core::{Position, Query};
 use cairn_proto::convert::{position_to_wire, query_to_wire};
 use cairn_proto::orisun as pb;
 
@@ -222,9 +222,4 @@ pub struct BoundaryInfo {
 pub(crate) fn position_from(p: Option<&pb::Position>, what: &str) -> Result<Position, Error> {
     p.map(cairn_proto::convert::position_from_wire)
         .ok_or_else(|| Error::InvalidResponse(format!("a {what} without a position")))
-}
-
-/// A query of `criteria` (an empty list matches every event).
-pub fn query_of(criteria: &[Criterion]) -> Query {
-    Query::of(criteria.iter().cloned())
 }

@@ -1,26 +1,22 @@
 //! The client against a real in-process Cairn server: typed errors, failover, and a
 //! subscription that resumes after its connection breaks.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_client::{
-    Client, ClientConfig, Criterion, Error, NewEvent, Observation, Position, ReadRequest,
-    SubscribeRequest, query_of,
+    Client, ClientConfig, Criterion, Error, NewEvent, Observation, Position, Query, ReadRequest,
+    SubscribeRequest,
 };
 use futures::StreamExt;
 use serde_json::json;
+use support::server;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-
-async fn server() -> (cairn_server::RunningServer, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = cairn_server::ServeConfig::for_test(dir.path().join("data"));
-    let server = cairn_server::start(config).await.expect("server starts");
-    (server, dir)
-}
 
 fn admin(endpoints: &[String]) -> Client {
     Client::new(
@@ -83,7 +79,7 @@ async fn errors_are_typed_from_the_status() {
     let (server, _dir) = server().await;
     let endpoint = format!("http://{}", server.grpc_addr);
     let client = admin(std::slice::from_ref(&endpoint));
-    let context = query_of(&[Criterion::of([("account", "a")])]);
+    let context = Query::of([Criterion::of([("account", "a")])]);
     let empty = Observation {
         query: context.clone(),
         position: Position::NONE,
@@ -153,7 +149,7 @@ async fn a_subscription_resumes_after_its_connection_breaks() {
     let follower = admin(&[format!("http://{}", relay.addr)]);
     let mut events = follower.subscribe(SubscribeRequest {
         boundary: "default".into(),
-        query: Some(query_of(&[Criterion::of([("account", "a")])])),
+        query: Some(Query::of([Criterion::of([("account", "a")])])),
         after: Some(Position::BEGINNING),
         subscriber_name: "resuming".into(),
     });
@@ -197,7 +193,7 @@ async fn a_subscription_resumes_after_its_connection_breaks() {
 async fn the_legacy_write_and_the_index_calls_are_typed_too() {
     let (server, _dir) = server().await;
     let client = admin(&[format!("http://{}", server.grpc_addr)]);
-    let context = query_of(&[Criterion::of([("account", "a")])]);
+    let context = Query::of([Criterion::of([("account", "a")])]);
     let unset = Observation {
         query: context,
         position: Position::NONE,

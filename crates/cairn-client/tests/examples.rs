@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+mod support;
+
+use support::server;
+
 #[allow(dead_code)]
 #[path = "../examples/tour.rs"]
 mod tour;
@@ -10,15 +14,6 @@ mod tour;
 #[allow(dead_code)]
 #[path = "../examples/transfers.rs"]
 mod transfers;
-
-/// A one-node server on an ephemeral port with the defaults a user gets (boundary
-/// `default`, admin/changeit).
-async fn server() -> (cairn_server::RunningServer, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = cairn_server::ServeConfig::for_test(dir.path().join("data"));
-    let server = cairn_server::start(config).await.expect("server starts");
-    (server, dir)
-}
 
 #[tokio::test]
 async fn the_tour_example_runs() {

@@ -69,8 +69,8 @@ pub fn to_status(error: Error) -> Status {
             Some((
                 REASON_CONFLICT,
                 HashMap::from([
-                    ("expected".to_string(), position_text(expected)),
-                    ("actual".to_string(), position_text(actual)),
+                    ("expected".to_string(), expected.write_id()),
+                    ("actual".to_string(), actual.write_id()),
                 ]),
             )),
         ),
@@ -90,7 +90,7 @@ pub fn to_status(error: Error) -> Status {
                 HashMap::from([
                     ("boundary".to_string(), boundary),
                     ("event_id".to_string(), event_id),
-                    ("position".to_string(), position_text(position)),
+                    ("position".to_string(), position.write_id()),
                     ("reuse".to_string(), reuse_name(reason).to_string()),
                 ]),
             )),
@@ -106,11 +106,8 @@ pub fn to_status(error: Error) -> Status {
     }
 }
 
-/// `commit:prepare`, the shape of a write id.
-fn position_text(p: Position) -> String {
-    format!("{}:{}", p.commit, p.prepare)
-}
-
+/// Reads a position written as [`Position::write_id`] does; unlike a write id it may be
+/// `-1:-1` (an observed empty context).
 fn parse_position_text(text: &str) -> Option<Position> {
     let (c, p) = text.split_once(':')?;
     Some(Position::new(c.parse().ok()?, p.parse().ok()?))

@@ -2,7 +2,7 @@
 //!
 //! Everything here is pure (no I/O, no async) so that the rules of the wire contract can be
 //! unit-tested in isolation and shared verbatim by the state machine, the server and the
-//! tests. See `shared/spec/wire-contract.md` for the rules referenced as (A1), (C2), …
+//! tests. The rules referenced as (A1), (C2), … are listed in `docs/rules.md`.
 
 pub mod auth;
 pub mod boundary;

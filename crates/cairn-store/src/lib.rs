@@ -1,7 +1,7 @@
 //! Cairn's state machine on RocksDB.
 //!
 //! One RocksDB instance per node holds the Raft log (written by `cairn-raft`) and the state
-//! machine (written here), in separate column families (see `shared/spec/architecture.md`).
+//! machine (written here), in separate column families (the layout is in `docs/design.md`).
 //! [`Store::apply`] is the deterministic step every replica runs in log order: the CCC check
 //! and the append land in one `WriteBatch` together with the applied-state marker, so a crash
 //! leaves either all of an entry's effects or none. State-machine batches bypass the WAL: the

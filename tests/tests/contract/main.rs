@@ -1,6 +1,7 @@
-//! Black-box tests of every rule of `shared/spec/wire-contract.md` §2 against a real server
-//! on 127.0.0.1:0, through tonic clients generated from `proto/orisun`. Each module is named
-//! after the rule group it covers; each test names the rule (A1, C2, …) it proves.
+//! Black-box tests of every rule of the wire contract (listed in `docs/rules.md`) against a
+//! real server on 127.0.0.1:0, through tonic clients generated from `proto/orisun`. Each
+//! module is named after the rule group it covers; each test names the rule (A1, C2, …) it
+//! proves.
 
 mod auth;
 mod bad_input;

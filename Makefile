@@ -54,8 +54,9 @@ test-real-servers: deps ## The suites gated on real servers and tools (Prometheu
 # invocation, the generator's build tools change the features cargo unifies for RocksDB's
 # bindgen, and RocksDB would be compiled a second time (20 minutes). The client's `tls`
 # feature is linted on its own: nothing in the workspace turns it on, so it would rot.
-verify: deps ## Read-only checks: formatting, lints, generated code up to date
+verify: deps ## Read-only checks: formatting, lints, unused dependencies, generated code up to date
 	$(CARGO) fmt --all -- --check
+	scripts/check-unused-deps.py
 	$(CARGO) clippy $(CHECKED) --all-targets -- -D warnings
 	$(CARGO) clippy $(CHECKED) -p cairn-proto-gen --all-targets -- -D warnings
 	$(CARGO) clippy $(CHECKED) -p cairn-client --features tls -- -D warnings

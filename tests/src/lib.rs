@@ -201,6 +201,15 @@ impl TestServer {
 }
 
 /// An event to save with `data` JSON text.
+/// The repository's root. Cargo sets `CARGO_MANIFEST_DIR` for the test processes it runs;
+/// the compile-time value is only a fallback, since a test binary built in another checkout
+/// sharing the target directory would otherwise read that checkout's files.
+pub fn repo_root() -> std::path::PathBuf {
+    let manifest =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    std::path::Path::new(&manifest).join("..")
+}
+
 pub fn event(event_type: &str, data: &str) -> pb::EventToSave {
     pb::EventToSave {
         event_id: uuid::Uuid::now_v7().to_string(),

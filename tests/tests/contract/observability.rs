@@ -11,7 +11,7 @@ use cairn_tests::*;
 fn prometheus_tool() -> PathBuf {
     match std::env::var_os("CAIRN_SHARED_TOOLS") {
         Some(dir) => PathBuf::from(dir).join("prometheus"),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/prometheus"),
+        None => repo_root().join("../shared/tools/prometheus"),
     }
 }
 

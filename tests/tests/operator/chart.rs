@@ -83,7 +83,7 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
     let envtest = Envtest::start();
     let client = envtest.client().await;
     let kubeconfig = envtest.kubeconfig();
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/cairn");
+    let chart = cairn_tests::repo_root().join("charts/cairn");
     let chart = chart.to_str().expect("utf-8 path");
 
     let installed = helm(

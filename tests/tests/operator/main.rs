@@ -12,7 +12,7 @@ mod end_to_end;
 mod kubelet;
 mod leader_election;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,7 +120,7 @@ impl Drop for Envtest {
 pub fn shared_tools() -> PathBuf {
     match std::env::var_os("CAIRN_SHARED_TOOLS") {
         Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools"),
+        None => cairn_tests::repo_root().join("../shared/tools"),
     }
 }
 

@@ -319,8 +319,8 @@ async fn a1_health_and_reflection_answer_without_credentials_and_nothing_else_do
 /// The README's grpcurl session: the text between its `grpcurl-tour` markers, a transcript
 /// of `$ command` lines (a trailing `\` continues a command) each followed by its output.
 fn readme_transcript() -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(support::repo_root().join("README.md")).expect("README.md");
     let start = readme
         .find("<!-- grpcurl-tour:begin")
         .expect("the README marks its grpcurl tour");

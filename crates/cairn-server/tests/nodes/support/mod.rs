@@ -197,3 +197,12 @@ pub fn with_basic<T>(msg: T, user: &str, password: &str) -> Request<T> {
 pub fn admin<T>(msg: T) -> Request<T> {
     with_basic(msg, "admin", "changeit")
 }
+
+/// The repository's root. Cargo sets `CARGO_MANIFEST_DIR` for the test processes it runs;
+/// the compile-time value is only a fallback, since a test binary built in another checkout
+/// sharing the target directory would otherwise read that checkout's files.
+pub fn repo_root() -> std::path::PathBuf {
+    let manifest =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    Path::new(&manifest).join("../..")
+}

@@ -1,7 +1,7 @@
 //! A real Prometheus (`../shared/tools/prometheus`) scraping test nodes every second and
 //! evaluating the shipped alert rules, queried over its HTTP API.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use super::cluster::wait_for;
@@ -9,15 +9,14 @@ use super::cluster::wait_for;
 fn tool() -> PathBuf {
     match std::env::var_os("CAIRN_SHARED_TOOLS") {
         Some(dir) => PathBuf::from(dir).join("prometheus"),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/prometheus"),
+        None => super::repo_root().join("../shared/tools/prometheus"),
     }
 }
 
 /// The shipped alert rules, with every `for:` shortened to zero so an alert fires on the
 /// first evaluation its expression holds (the expressions themselves are unchanged).
 pub fn alert_rules_without_delays() -> String {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/prometheus/cairn-rules.yaml");
+    let path = super::repo_root().join("deploy/prometheus/cairn-rules.yaml");
     let rules = std::fs::read_to_string(&path).expect("deploy/prometheus/cairn-rules.yaml");
     rules
         .lines()

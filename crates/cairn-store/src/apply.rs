@@ -6,7 +6,7 @@ use cairn_core::boundary::{BoundaryInfo, BoundaryStatus};
 use cairn_core::command::{Append, Applied, Command, Outcome};
 use cairn_core::error::EventIdReuse;
 use cairn_core::event::NewEvent;
-use cairn_core::{Criterion, Error, Position, Query};
+use cairn_core::{Criterion, Error, Position, Query, Tag};
 use rocksdb::{WriteBatch, WriteOptions};
 
 use crate::catalog::{Catalog, Lease, encode_json};
@@ -422,6 +422,12 @@ impl Store {
         let n = append.events.len() as u64;
         let commit = first + n;
         let events_cf = self.cf(CF_EVENTS)?;
+        // The rows the previous event's tags went to, by tag index: consecutive events of a
+        // write usually share most tags (their type, their context), and such an event joins
+        // the row already started instead of building (and hashing, for long values) the
+        // same posting-list prefix again.
+        let mut previous: Vec<(&Tag, usize)> = Vec::new();
+        let mut current: Vec<(&Tag, usize)> = Vec::new();
         for (i, event) in append.events.iter().enumerate() {
             let prepare = first + i as u64;
             batch.put_cf(
@@ -436,18 +442,42 @@ impl Store {
                     &event.metadata,
                 ),
             );
-            for tag in &event.tags {
-                let mut row = keys::tag_prefix(bid, &tag.key, &tag.value);
-                if pending.observed.contains(&row) {
+            current.clear();
+            for (j, tag) in event.tags.iter().enumerate() {
+                let shared = previous
+                    .get(j)
+                    .filter(|(t, _)| *t == tag)
+                    .map(|(_, row)| *row);
+                let row = match shared {
+                    Some(row) => {
+                        pending.tag_rows[row].later.push(prepare);
+                        row
+                    }
+                    None => {
+                        let mut key = keys::tag_prefix(bid, &tag.key, &tag.value);
+                        let observed = pending.observed.contains(&key);
+                        keys::push_prepare(&mut key, prepare);
+                        pending.tag_rows.push(TagRow {
+                            key,
+                            first: prepare,
+                            commit,
+                            later: Vec::new(),
+                            observed,
+                        });
+                        pending.tag_rows.len() - 1
+                    }
+                };
+                let tag_row = &pending.tag_rows[row];
+                if tag_row.observed {
                     pending
                         .postings
-                        .entry(row.clone())
+                        .entry(tag_row.key[..tag_row.key.len() - keys::PREPARE_BYTES].to_vec())
                         .or_default()
                         .push((prepare, commit));
                 }
-                keys::push_prepare(&mut row, prepare);
-                pending.tag_rows.push((row, prepare, commit));
+                current.push((tag, row));
             }
+            std::mem::swap(&mut previous, &mut current);
         }
         if idempotent_ids {
             let ids_cf = self.cf(CF_EVENT_IDS)?;
@@ -630,7 +660,7 @@ struct Pending<'a> {
     /// [`Store::observed_prefixes`]); postings of any other list are not kept.
     observed: HashSet<Vec<u8>>,
     /// Posting-list rows to write, added to the batch in key order by [`Pending::write_tags`].
-    tag_rows: Vec<(Vec<u8>, u64, u64)>,
+    tag_rows: Vec<TagRow>,
     /// Pending (prepare, commit) per posting list (keyed by its `tags` prefix, which names
     /// boundary, key and value and is computed for the RocksDB row anyway), ascending.
     postings: HashMap<Vec<u8>, Vec<(u64, u64)>>,
@@ -672,23 +702,27 @@ impl Pending<'_> {
     /// them (see [`keys::encode_row`]). RocksDB's skiplist memtable reuses the previous
     /// insert's search path, so sorted rows are inserted far more cheaply than in event order,
     /// where each row starts a fresh search in a memtable of hundreds of thousands of rows.
+    ///
+    /// Rows of one list and write that were started separately (events sharing a tag with
+    /// others in between) cover disjoint runs of ascending positions, so once sorted, their
+    /// members follow one another in order.
     fn write_tags(&mut self, batch: &mut WriteBatch, tags_cf: &rocksdb::ColumnFamily) {
-        self.tag_rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self.tag_rows.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         let same_list = |a: &[u8], b: &[u8]| {
             a.len() == b.len()
                 && a[..a.len() - keys::PREPARE_BYTES] == b[..b.len() - keys::PREPARE_BYTES]
         };
         let mut rows = self.tag_rows.drain(..).peekable();
-        let (mut later, mut value) = (Vec::new(), Vec::new());
-        while let Some((key, first, commit)) = rows.next() {
-            later.clear();
-            while let Some((_, member, _)) =
-                rows.next_if(|(next, _, c)| *c == commit && same_list(&key, next))
+        let mut value = Vec::new();
+        while let Some(mut row) = rows.next() {
+            while let Some(next) =
+                rows.next_if(|next| next.commit == row.commit && same_list(&row.key, &next.key))
             {
-                later.push(member);
+                row.later.push(next.first);
+                row.later.extend_from_slice(&next.later);
             }
-            keys::encode_row(first, commit, later.iter().copied(), &mut value);
-            batch.put_cf(tags_cf, key, &value);
+            keys::encode_row(row.first, row.commit, row.later.iter().copied(), &mut value);
+            batch.put_cf(tags_cf, row.key, &value);
         }
     }
 
@@ -702,6 +736,18 @@ impl Pending<'_> {
     }
 }
 
+/// A posting-list row being built: the events of one write that carry one tag.
+struct TagRow {
+    /// The list's prefix followed by the first event's prepare position.
+    key: Vec<u8>,
+    first: u64,
+    commit: u64,
+    /// Further events of the write in the row, ascending.
+    later: Vec<u64>,
+    /// Whether a later append of the batch observes this list (see [`Pending::postings`]).
+    observed: bool,
+}
+
 /// Why planning stopped.
 enum Planned {
     /// A deterministic domain rejection.
@@ -713,5 +759,103 @@ enum Planned {
 impl From<StoreError> for Planned {
     fn from(e: StoreError) -> Self {
         Planned::Storage(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_core::event::RawEvent;
+
+    use super::*;
+    use crate::StoreOptions;
+
+    fn event(id: &str, data: &str) -> NewEvent {
+        let raw = RawEvent {
+            event_id: id.into(),
+            event_type: "T".into(),
+            data: data.into(),
+            metadata: String::new(),
+        };
+        NewEvent::validate(raw, 0).expect("valid event")
+    }
+
+    /// The rows of list `key=value` in boundary `bid`: (first prepare, members, commit).
+    fn rows(store: &Store, bid: u32, key: &str, value: &str) -> Vec<(u64, Vec<u64>, u64)> {
+        let prefix = keys::tag_prefix(bid, key, value);
+        let cf = store.cf(CF_TAGS).expect("cf");
+        let mut out = Vec::new();
+        let start = keys::with_prepare(&prefix, 0);
+        let mode = rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward);
+        for item in store.db().iterator_cf(cf, mode) {
+            let (k, v) = item.expect("row");
+            if !k.starts_with(&prefix) || k.len() != prefix.len() + keys::PREPARE_BYTES {
+                break;
+            }
+            let first = keys::prepare_suffix(&k).expect("prepare");
+            let mut members = Vec::new();
+            let commit = keys::decode_row(first, &v, &mut members).expect("row");
+            out.push((first, members, commit));
+        }
+        out
+    }
+
+    #[test]
+    fn events_of_a_write_sharing_a_tag_make_one_row_wherever_they_stand() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path(), &StoreOptions::default()).expect("open");
+        let created = store
+            .apply(
+                &Command::CreateBoundary {
+                    name: "b".into(),
+                    description: String::new(),
+                    placement: None,
+                    existed_before_catalog: false,
+                    idempotent_event_ids: false,
+                    if_absent: false,
+                },
+                b"m",
+            )
+            .expect("create");
+        let Ok(Applied::Boundary(info)) = created else {
+            panic!("boundary not created: {created:?}");
+        };
+        // "ctx":"a" on events 0, 1, 3 and 4 (two runs, interrupted by event 2); event 3 also
+        // carries one more tag before "ctx", so its tags no longer line up with event 2's.
+        let long = "v".repeat(200);
+        let events = vec![
+            event("0", &format!(r#"{{"ctx":"a","long":"{long}"}}"#)),
+            event("1", &format!(r#"{{"ctx":"a","long":"{long}"}}"#)),
+            event("2", &format!(r#"{{"ctx":"b","long":"{long}"}}"#)),
+            event("3", &format!(r#"{{"aa":1,"ctx":"a","long":"{long}"}}"#)),
+            event("4", &format!(r#"{{"ctx":"a","long":"{long}"}}"#)),
+        ];
+        let append = Append {
+            boundary: "b".into(),
+            observations: vec![],
+            events,
+            at_unix_nanos: 1,
+        };
+        let outcome = store.apply(&Command::Append(append), b"m").expect("apply");
+        assert_eq!(
+            outcome,
+            Ok(Applied::Appended {
+                last: Position::of_event(4, 5)
+            })
+        );
+        let bid = info.id;
+        assert_eq!(
+            rows(&store, bid, "ctx", "a"),
+            vec![(0, vec![0, 1, 3, 4], 5)]
+        );
+        assert_eq!(rows(&store, bid, "ctx", "b"), vec![(2, vec![2], 5)]);
+        assert_eq!(
+            rows(&store, bid, "long", &long),
+            vec![(0, vec![0, 1, 2, 3, 4], 5)]
+        );
+        assert_eq!(
+            rows(&store, bid, "eventType", "T"),
+            vec![(0, vec![0, 1, 2, 3, 4], 5)]
+        );
+        assert_eq!(rows(&store, bid, "aa", "1"), vec![(3, vec![3], 5)]);
     }
 }

@@ -43,6 +43,8 @@ const CLUSTER_WAIT: Duration = Duration::from_secs(180);
 #[ignore = "needs a real kube-apiserver (../shared/tools/k8s-envtest) and root (unshare -n, unshare -m); run by .ci/run with --ignored"]
 fn a_boundary_runs_as_a_raft_cluster_of_real_cairn_processes() {
     if std::env::var_os(PRIVATE_NETWORK).is_none() {
+        // Built out here: the namespace below has no route to the package mirrors.
+        super::ensure_envtest_built();
         // Everything (API server, operator, pods, client) runs in a network namespace of
         // its own, where the pod network is local.
         let status = std::process::Command::new("unshare")

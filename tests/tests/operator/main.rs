@@ -42,8 +42,29 @@ pub struct Envtest {
     dir: tempfile::TempDir,
 }
 
+/// Builds kube-apiserver and kube-controller-manager once (a no-op when cached). The tests
+/// start control planes from parallel threads and from a child process in a network
+/// namespace of its own; on a fresh machine the first start builds for minutes (apt,
+/// compiling), and concurrent builds fight over apt's lock. So every start goes through
+/// here: one build at a time across processes (a file lock), and before any test leaves the
+/// network it needs to download the sources.
+pub fn ensure_envtest_built() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let lock_path = std::env::temp_dir().join("cairn-k8s-envtest-build.lock");
+        let lock = std::fs::File::create(&lock_path).expect("create the envtest build lock");
+        lock.lock().expect("take the envtest build lock");
+        let status = Command::new(shared_tools().join("k8s-envtest"))
+            .arg("build")
+            .status()
+            .expect("run k8s-envtest build");
+        assert!(status.success(), "k8s-envtest build failed");
+    });
+}
+
 impl Envtest {
     pub fn start() -> Envtest {
+        ensure_envtest_built();
         let tool = shared_tools().join("k8s-envtest");
         let dir = tempfile::tempdir().expect("temp dir");
         let status = Command::new(&tool)

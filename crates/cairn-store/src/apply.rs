@@ -469,11 +469,15 @@ impl Store {
                 };
                 let tag_row = &pending.tag_rows[row];
                 if tag_row.observed {
-                    pending
-                        .postings
-                        .entry(tag_row.key[..tag_row.key.len() - keys::PREPARE_BYTES].to_vec())
-                        .or_default()
-                        .push((prepare, commit));
+                    let list = tag_row.list();
+                    match pending.postings.get_mut(list) {
+                        Some(postings) => postings.push((prepare, commit)),
+                        None => {
+                            pending
+                                .postings
+                                .insert(list.to_vec(), vec![(prepare, commit)]);
+                        }
+                    }
                 }
                 current.push((tag, row));
             }
@@ -708,15 +712,11 @@ impl Pending<'_> {
     /// members follow one another in order.
     fn write_tags(&mut self, batch: &mut WriteBatch, tags_cf: &rocksdb::ColumnFamily) {
         self.tag_rows.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        let same_list = |a: &[u8], b: &[u8]| {
-            a.len() == b.len()
-                && a[..a.len() - keys::PREPARE_BYTES] == b[..b.len() - keys::PREPARE_BYTES]
-        };
         let mut rows = self.tag_rows.drain(..).peekable();
         let mut value = Vec::new();
         while let Some(mut row) = rows.next() {
             while let Some(next) =
-                rows.next_if(|next| next.commit == row.commit && same_list(&row.key, &next.key))
+                rows.next_if(|next| next.commit == row.commit && next.list() == row.list())
             {
                 row.later.push(next.first);
                 row.later.extend_from_slice(&next.later);
@@ -746,6 +746,13 @@ struct TagRow {
     later: Vec<u64>,
     /// Whether a later append of the batch observes this list (see [`Pending::postings`]).
     observed: bool,
+}
+
+impl TagRow {
+    /// The posting list's prefix (the key without the prepare position).
+    fn list(&self) -> &[u8] {
+        crate::posting_list_prefix(&self.key)
+    }
 }
 
 /// Why planning stopped.

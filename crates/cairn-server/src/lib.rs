@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod cluster_cli;
 pub mod config;
 pub mod event_store;
+pub mod forward;
 pub mod grpc_layer;
 pub mod http;
 pub mod methods;

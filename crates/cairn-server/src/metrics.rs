@@ -49,6 +49,8 @@ pub struct Metrics {
     pub replication_lag: IntGaugeVec,
     /// Writes a follower handed to the leader, by result.
     pub forwarded_writes: IntCounterVec,
+    /// Writes per message a follower sent on its forwarding stream.
+    pub forward_message_writes: Histogram,
     /// Time a linearizable read on a follower waited for the leader's read index and for
     /// this node to apply that far, seconds.
     pub read_index_wait: Histogram,
@@ -217,6 +219,13 @@ impl Metrics {
                     "Writes this follower forwarded to the leader, by result (applied, rejected, unavailable)"
                 ),
                 &["result"]
+            )?),
+            forward_message_writes: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "cairn_forward_message_writes",
+                    "Writes a follower sent to the leader in one forwarding-stream message"
+                )
+                .buckets(BATCH_SIZE_BUCKETS.to_vec())
             )?),
             read_index_wait: reg!(Histogram::with_opts(
                 HistogramOpts::new(

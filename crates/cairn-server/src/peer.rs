@@ -29,10 +29,12 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
+use crate::forward::{ForwardStreams, ForwardedReplies, StreamError};
 use crate::state::NodeState;
 use cairn_proto::CLUSTER_SECRET_HEADER as SECRET_HEADER;
 
@@ -68,6 +70,7 @@ pub struct PeerClient {
     secret: Option<MetadataValue<tonic::metadata::Ascii>>,
     local_ip: Option<IpAddr>,
     channels: Mutex<HashMap<String, Channel>>,
+    streams: ForwardStreams,
     snapshot_chunks_sent: Option<prometheus::IntCounter>,
 }
 
@@ -93,6 +96,7 @@ impl PeerClient {
             secret,
             local_ip,
             channels: Mutex::new(HashMap::new()),
+            streams: ForwardStreams::default(),
             snapshot_chunks_sent: None,
         })
     }
@@ -100,6 +104,12 @@ impl PeerClient {
     /// Counts the snapshot chunks this client sends.
     pub fn counting_snapshot_chunks(mut self, counter: prometheus::IntCounter) -> Self {
         self.snapshot_chunks_sent = Some(counter);
+        self
+    }
+
+    /// Records the writes of each forwarding-stream message in `histogram`.
+    pub fn counting_forward_messages(mut self, histogram: prometheus::Histogram) -> Self {
+        self.streams = ForwardStreams::counting(histogram);
         self
     }
 
@@ -148,10 +158,35 @@ impl PeerClient {
         self.request(message, CLUSTER_CALL_TIMEOUT)
     }
 
-    /// Runs `command` on the node at `addr`, which should be the leader.
+    /// Runs `command` on the node at `addr`, which should be the leader: on the forwarding
+    /// stream to it (see [`crate::forward`]), or with a call of its own when it serves none.
     pub async fn forward(&self, addr: &str, command: &Command) -> Result<ForwardReply, Status> {
-        let bytes = encode(command)
+        let mut bytes = encode(command)
             .map_err(|e| Status::internal(format!("failed to encode a command: {e}")))?;
+        if !self.streams.unsupported(addr) {
+            // A stream that ended just as the command was queued is replaced once.
+            for _ in 0..2 {
+                match self
+                    .streams
+                    .forward(
+                        addr,
+                        bytes,
+                        || self.cluster(addr),
+                        self.secret.as_ref(),
+                        CLUSTER_CALL_TIMEOUT,
+                    )
+                    .await
+                {
+                    Ok(reply) => return Ok(reply),
+                    Err(StreamError::NotSent(unsent)) => bytes = unsent,
+                    Err(StreamError::Unsupported(unsent)) => {
+                        bytes = unsent;
+                        break;
+                    }
+                    Err(StreamError::Lost(status)) => return Err(status),
+                }
+            }
+        }
         let reply = self
             .cluster(addr)?
             .forward(self.cluster_request(pb::ForwardRequest { command: bytes }))
@@ -159,6 +194,12 @@ impl PeerClient {
             .into_inner();
         decode(&reply.reply)
             .map_err(|e| Status::internal(format!("undecodable forwarding reply: {e}")))
+    }
+
+    /// Whether writes go to the leader at `addr` one call each (it serves no forwarding
+    /// streams).
+    pub fn forwards_by_call(&self, addr: &str) -> bool {
+        self.streams.unsupported(addr)
     }
 
     /// The read index of the leader at `addr`; `None` when that node does not lead.
@@ -419,12 +460,14 @@ pub async fn run_forwarded(node: &NodeState, command: Command) -> ForwardReply {
 #[derive(Clone)]
 pub struct ClusterService {
     ready: PeerReady,
+    stop: CancellationToken,
 }
 
 impl ClusterService {
-    /// Answers UNAVAILABLE until `ready` is set.
-    pub fn new(ready: PeerReady) -> Self {
-        ClusterService { ready }
+    /// Answers UNAVAILABLE until `ready` is set. Forwarding streams end once `stop` is
+    /// cancelled (the peer server is stopping) and their commands are answered.
+    pub fn new(ready: PeerReady, stop: CancellationToken) -> Self {
+        ClusterService { ready, stop }
     }
 }
 
@@ -497,6 +540,20 @@ impl pb::cluster_server::Cluster for ClusterService {
         encode(&reply)
             .map(|reply| tonic::Response::new(pb::ForwardResponse { reply }))
             .map_err(|e| Status::internal(format!("failed to encode a forwarding reply: {e}")))
+    }
+
+    type ForwardStreamStream = ForwardedReplies;
+
+    async fn forward_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::ForwardStreamRequest>>,
+    ) -> Result<tonic::Response<Self::ForwardStreamStream>, Status> {
+        let node = node_of(&self.ready)?;
+        Ok(tonic::Response::new(ForwardedReplies::new(
+            crate::forward::on_leader(node),
+            request.into_inner(),
+            self.stop.clone(),
+        )))
     }
 
     async fn read_index(

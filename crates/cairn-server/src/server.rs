@@ -232,6 +232,7 @@ struct PeerServer {
 /// the cluster secret; both answer UNAVAILABLE until `ready` is set.
 fn spawn_peer_server(listener: TcpListener, secret: &str, ready: PeerReady) -> PeerServer {
     let check = SecretCheck::new(Some(secret));
+    let stop = CancellationToken::new();
     let raft = tonic::service::interceptor::InterceptedService::new(
         RaftServer::new(RaftService::new(ready.clone()))
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
@@ -239,12 +240,11 @@ fn spawn_peer_server(listener: TcpListener, secret: &str, ready: PeerReady) -> P
         check.clone(),
     );
     let cluster = tonic::service::interceptor::InterceptedService::new(
-        ClusterServer::new(ClusterService::new(ready))
+        ClusterServer::new(ClusterService::new(ready, stop.clone()))
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES),
         check,
     );
-    let stop = CancellationToken::new();
     let task = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(raft)
@@ -420,7 +420,8 @@ async fn serve_on(
                 let peers = Arc::new(
                     PeerClient::new(Some(&cluster.secret), local_ip)
                         .map_err(ServerError::Secret)?
-                        .counting_snapshot_chunks(metrics.snapshot_chunks_sent.clone()),
+                        .counting_snapshot_chunks(metrics.snapshot_chunks_sent.clone())
+                        .counting_forward_messages(metrics.forward_message_writes.clone()),
                 );
                 let formation = match &cluster.membership {
                     Membership::Initial(members) => Formation::Initial(members.clone()),

@@ -580,6 +580,38 @@ pub struct ForwardResponse {
     #[prost(bytes = "vec", tag = "1")]
     pub reply: ::prost::alloc::vec::Vec<u8>,
 }
+/// Internal: one forwarded command on a forwarding stream.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ForwardedCommand {
+    /// Chosen by the sender, unique on its stream; the reply carries it back.
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Encoded cairn Command (cairn-raft codec).
+    #[prost(bytes = "vec", tag = "2")]
+    pub command: ::prost::alloc::vec::Vec<u8>,
+}
+/// Internal: the commands a follower had waiting when it wrote to its forwarding stream.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ForwardStreamRequest {
+    #[prost(message, repeated, tag = "1")]
+    pub commands: ::prost::alloc::vec::Vec<ForwardedCommand>,
+}
+/// Internal: the outcome of one command of a forwarding stream.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ForwardedReply {
+    /// The command's id.
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Encoded forwarding reply, as in ForwardResponse.
+    #[prost(bytes = "vec", tag = "2")]
+    pub reply: ::prost::alloc::vec::Vec<u8>,
+}
+/// Internal: the outcomes the leader had ready when it wrote to a forwarding stream.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ForwardStreamResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub replies: ::prost::alloc::vec::Vec<ForwardedReply>,
+}
 /// Internal: ask the leader for a linearizable read index.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReadIndexRequest {}
@@ -829,6 +861,35 @@ pub mod cluster_client {
             req.extensions_mut().insert(GrpcMethod::new("cairn.v1.Cluster", "Forward"));
             self.inner.unary(req, path, codec).await
         }
+        /// Internal: run commands on the leader over one long-lived stream per follower. Replies
+        /// come back as they are ready, in any order; a command may be applied even if the
+        /// stream breaks before its reply arrives.
+        pub async fn forward_stream(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<
+                Message = super::ForwardStreamRequest,
+            >,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::ForwardStreamResponse>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::StrictProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/cairn.v1.Cluster/ForwardStream",
+            );
+            let mut req = request.into_streaming_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("cairn.v1.Cluster", "ForwardStream"));
+            self.inner.streaming(req, path, codec).await
+        }
         /// Internal: the leader's read index.
         pub async fn read_index(
             &mut self,
@@ -930,6 +991,22 @@ pub mod cluster_server {
             &self,
             request: tonic::Request<super::ForwardRequest>,
         ) -> std::result::Result<tonic::Response<super::ForwardResponse>, tonic::Status>;
+        /// Server streaming response type for the ForwardStream method.
+        type ForwardStreamStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::ForwardStreamResponse, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// Internal: run commands on the leader over one long-lived stream per follower. Replies
+        /// come back as they are ready, in any order; a command may be applied even if the
+        /// stream breaks before its reply arrives.
+        async fn forward_stream(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::ForwardStreamRequest>>,
+        ) -> std::result::Result<
+            tonic::Response<Self::ForwardStreamStream>,
+            tonic::Status,
+        >;
         /// Internal: the leader's read index.
         async fn read_index(
             &self,
@@ -1281,6 +1358,54 @@ pub mod cluster_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/cairn.v1.Cluster/ForwardStream" => {
+                    #[allow(non_camel_case_types)]
+                    struct ForwardStreamSvc<T: Cluster>(pub Arc<T>);
+                    impl<
+                        T: Cluster,
+                    > tonic::server::StreamingService<super::ForwardStreamRequest>
+                    for ForwardStreamSvc<T> {
+                        type Response = super::ForwardStreamResponse;
+                        type ResponseStream = T::ForwardStreamStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                tonic::Streaming<super::ForwardStreamRequest>,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Cluster>::forward_stream(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ForwardStreamSvc(inner);
+                        let codec = crate::codec::StrictProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

@@ -62,8 +62,46 @@ pub enum StreamError {
 }
 
 type Outcome = Result<ForwardReply, StreamError>;
-/// A command queued for a stream, with its caller.
-type Queued = (Vec<u8>, oneshot::Sender<Outcome>);
+/// A read index (`None`: the node asked does not lead), or why there is none.
+pub type ReadIndex = Result<Option<u64>, Status>;
+
+/// What a caller asks of the leader over a stream.
+enum Ask {
+    /// Run an encoded command.
+    Forward(Vec<u8>),
+    /// Confirm a read index.
+    ReadIndex,
+}
+
+/// Where a caller waits for its answer.
+enum Caller {
+    Forward(oneshot::Sender<Outcome>),
+    ReadIndex(oneshot::Sender<Result<ReadIndex, StreamError>>),
+}
+
+impl Caller {
+    fn is_closed(&self) -> bool {
+        match self {
+            Caller::Forward(reply) => reply.is_closed(),
+            Caller::ReadIndex(reply) => reply.is_closed(),
+        }
+    }
+
+    fn fail(self, error: StreamError) {
+        // A caller that gave up waiting does not need its answer.
+        match self {
+            Caller::Forward(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Caller::ReadIndex(reply) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
+
+/// A request queued for a stream, with its caller.
+type Queued = (Ask, Caller);
 /// The open streams by leader address: each stream's id and queue.
 type OpenStreams = Arc<Mutex<HashMap<String, (u64, mpsc::UnboundedSender<Queued>)>>>;
 
@@ -107,7 +145,9 @@ impl ForwardStreams {
         let queue = self
             .stream_to(addr, client, secret)
             .map_err(StreamError::Lost)?;
-        if let Err(mpsc::error::SendError((command, _))) = queue.send((command, reply)) {
+        if let Err(mpsc::error::SendError((Ask::Forward(command), _))) =
+            queue.send((Ask::Forward(command), Caller::Forward(reply)))
+        {
             return Err(StreamError::NotSent(command));
         }
         match tokio::time::timeout(timeout, outcome).await {
@@ -117,6 +157,36 @@ impl ForwardStreams {
             ))),
             Err(_) => Err(StreamError::Lost(Status::deadline_exceeded(format!(
                 "no answer from the leader within {} ms",
+                timeout.as_millis()
+            )))),
+        }
+    }
+
+    /// Asks the leader at `addr` for a read index on its stream, waiting up to `timeout`.
+    pub async fn read_index(
+        &self,
+        addr: &str,
+        client: impl FnOnce() -> Result<ClusterClient<Channel>, Status>,
+        secret: Option<&MetadataValue<Ascii>>,
+        timeout: Duration,
+    ) -> Result<ReadIndex, StreamError> {
+        let (reply, answer) = oneshot::channel();
+        let queue = self
+            .stream_to(addr, client, secret)
+            .map_err(StreamError::Lost)?;
+        if queue
+            .send((Ask::ReadIndex, Caller::ReadIndex(reply)))
+            .is_err()
+        {
+            return Err(StreamError::NotSent(Vec::new()));
+        }
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(StreamError::Lost(Status::unavailable(
+                "the forwarding stream ended without an answer",
+            ))),
+            Err(_) => Err(StreamError::Lost(Status::deadline_exceeded(format!(
+                "no read index from the leader within {} ms",
                 timeout.as_millis()
             )))),
         }
@@ -217,7 +287,7 @@ impl StreamTask {
                 return;
             }
         };
-        let mut in_flight: HashMap<u64, oneshot::Sender<Outcome>> = HashMap::new();
+        let mut in_flight: HashMap<u64, Caller> = HashMap::new();
         let mut next_id: u64 = 0;
         let idle = tokio::time::sleep(IDLE_STREAM);
         tokio::pin!(idle);
@@ -229,7 +299,7 @@ impl StreamTask {
                         break Status::unavailable("the node is shutting down");
                     };
                     let message = take_waiting(first, &mut waiting, &mut in_flight, &mut next_id);
-                    if message.commands.is_empty() {
+                    if message.commands.is_empty() && message.read_indexes.is_empty() {
                         continue;
                     }
                     if let Some(histogram) = &self.message_writes {
@@ -241,19 +311,7 @@ impl StreamTask {
                     idle.as_mut().reset(tokio::time::Instant::now() + IDLE_STREAM);
                 }
                 reply = inbound.next() => match reply {
-                    Some(Ok(response)) => {
-                        for reply in response.replies {
-                            if let Some(caller) = in_flight.remove(&reply.id) {
-                                let outcome = decode(&reply.reply).map_err(|e| {
-                                    StreamError::Lost(Status::internal(format!(
-                                        "undecodable forwarding reply: {e}"
-                                    )))
-                                });
-                                // A caller that gave up waiting does not need its outcome.
-                                let _ = caller.send(outcome);
-                            }
-                        }
-                    }
+                    Some(Ok(response)) => answer(response, &mut in_flight),
                     Some(Err(status)) => {
                         tracing::warn!("the forwarding stream to the leader at {} failed: {status}", self.addr);
                         break status;
@@ -269,11 +327,11 @@ impl StreamTask {
         self.close(waiting, in_flight, &lost, StreamError::NotSent);
     }
 
-    /// Stops taking commands: those sent get `Lost`, those still queued get `unsent`.
+    /// Stops taking requests: those sent get `Lost`, those still queued get `unsent`.
     fn close(
         &self,
         mut waiting: mpsc::UnboundedReceiver<Queued>,
-        in_flight: HashMap<u64, oneshot::Sender<Outcome>>,
+        in_flight: HashMap<u64, Caller>,
         lost: &Status,
         unsent: impl Fn(Vec<u8>) -> StreamError,
     ) {
@@ -284,14 +342,18 @@ impl StreamTask {
             }
         }
         waiting.close();
-        while let Ok((command, caller)) = waiting.try_recv() {
-            let _ = caller.send(Err(unsent(command)));
+        while let Ok((ask, caller)) = waiting.try_recv() {
+            let command = match ask {
+                Ask::Forward(command) => command,
+                Ask::ReadIndex => Vec::new(),
+            };
+            caller.fail(unsent(command));
         }
         for (_, caller) in in_flight {
-            let _ = caller.send(Err(StreamError::Lost(Status::unavailable(format!(
+            caller.fail(StreamError::Lost(Status::unavailable(format!(
                 "the forwarding stream to the leader broke before the outcome arrived: {}",
                 lost.message()
-            )))));
+            ))));
         }
     }
 }
@@ -301,7 +363,7 @@ impl StreamTask {
 fn take_waiting(
     first: Queued,
     waiting: &mut mpsc::UnboundedReceiver<Queued>,
-    in_flight: &mut HashMap<u64, oneshot::Sender<Outcome>>,
+    in_flight: &mut HashMap<u64, Caller>,
     next_id: &mut u64,
 ) -> pb::ForwardStreamRequest {
     // Callers that timed out left their entries behind.
@@ -309,7 +371,7 @@ fn take_waiting(
     let mut message = pb::ForwardStreamRequest::default();
     let mut bytes = 0;
     let mut next = Some(first);
-    while let Some((command, caller)) = next.take() {
+    while let Some((ask, caller)) = next.take() {
         // A caller that gave up (timed out while the stream opened) has answered "may or
         // may not be applied"; not sending its command is one of those outcomes.
         if caller.is_closed() {
@@ -317,13 +379,20 @@ fn take_waiting(
             continue;
         }
         *next_id += 1;
-        bytes += command.len();
         in_flight.insert(*next_id, caller);
-        message.commands.push(pb::ForwardedCommand {
-            id: *next_id,
-            command,
-        });
-        if message.commands.len() >= MAX_COMMANDS_PER_MESSAGE || bytes >= MAX_BYTES_PER_MESSAGE {
+        match ask {
+            Ask::Forward(command) => {
+                bytes += command.len();
+                message.commands.push(pb::ForwardedCommand {
+                    id: *next_id,
+                    command,
+                });
+            }
+            Ask::ReadIndex => message.read_indexes.push(*next_id),
+        }
+        if message.commands.len() + message.read_indexes.len() >= MAX_COMMANDS_PER_MESSAGE
+            || bytes >= MAX_BYTES_PER_MESSAGE
+        {
             break;
         }
         next = waiting.try_recv().ok();
@@ -331,14 +400,39 @@ fn take_waiting(
     message
 }
 
+/// Hands each answer of `response` to its caller.
+fn answer(response: pb::ForwardStreamResponse, in_flight: &mut HashMap<u64, Caller>) {
+    // A caller that gave up waiting does not need its answer: sends to it are ignored.
+    for reply in response.replies {
+        if let Some(Caller::Forward(caller)) = in_flight.remove(&reply.id) {
+            let outcome = decode(&reply.reply).map_err(|e| {
+                StreamError::Lost(Status::internal(format!(
+                    "undecodable forwarding reply: {e}"
+                )))
+            });
+            let _ = caller.send(outcome);
+        }
+    }
+    for reply in response.read_indexes {
+        if let Some(Caller::ReadIndex(caller)) = in_flight.remove(&reply.id) {
+            let index = if reply.error.is_empty() {
+                Ok((!reply.not_leader).then_some(reply.index))
+            } else {
+                Err(Status::unavailable(reply.error))
+            };
+            let _ = caller.send(Ok(index));
+        }
+    }
+}
+
 /// The leader's side of a forwarding stream: runs each command as it arrives and answers
 /// with every outcome ready at each write. Driven by the HTTP/2 stream itself, so no task
 /// of its own.
 pub struct ForwardedReplies {
-    run: RunCommand,
+    leader: Arc<dyn Leader>,
     inbound: tonic::Streaming<pb::ForwardStreamRequest>,
     inbound_done: bool,
-    running: FuturesUnordered<BoxFuture<'static, pb::ForwardedReply>>,
+    running: FuturesUnordered<BoxFuture<'static, Answered>>,
     stopping: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
@@ -347,12 +441,12 @@ impl ForwardedReplies {
     /// cancelled: then it answers what it has taken and ends, so a stopping peer server is
     /// not held open by streams followers would otherwise keep forever.
     pub fn new(
-        run: RunCommand,
+        leader: Arc<dyn Leader>,
         inbound: tonic::Streaming<pb::ForwardStreamRequest>,
         stop: CancellationToken,
     ) -> Self {
         ForwardedReplies {
-            run,
+            leader,
             inbound,
             inbound_done: false,
             running: FuturesUnordered::new(),
@@ -361,21 +455,57 @@ impl ForwardedReplies {
     }
 }
 
-/// How the leader runs a forwarded command (see [`on_leader`]).
-pub type RunCommand = Arc<dyn Fn(Command) -> BoxFuture<'static, ForwardReply> + Send + Sync>;
+/// What the leader's side of a stream asks of the node.
+pub trait Leader: Send + Sync + 'static {
+    /// Runs a forwarded command.
+    fn run(&self, command: Command) -> BoxFuture<'static, ForwardReply>;
+    /// A read index confirmed after the call: `None` when this node does not lead, `Err`
+    /// with the reason when it cannot confirm one.
+    fn read_index(&self) -> BoxFuture<'static, Result<Option<u64>, String>>;
+}
 
-/// Runs forwarded commands through `node`'s Raft.
-pub fn on_leader(node: Arc<NodeState>) -> RunCommand {
-    Arc::new(move |command| {
-        let node = node.clone();
+impl Leader for Arc<NodeState> {
+    fn run(&self, command: Command) -> BoxFuture<'static, ForwardReply> {
+        let node = self.clone();
         Box::pin(async move { run_forwarded(&node, command).await })
-    })
+    }
+
+    fn read_index(&self) -> BoxFuture<'static, Result<Option<u64>, String>> {
+        let node = self.clone();
+        Box::pin(async move {
+            match node.raft.read_index().await {
+                Ok(index) => Ok(Some(index)),
+                Err(cairn_raft::RaftError::ForwardToLeader { .. }) => Ok(None),
+                Err(e) => Err(cairn_core::Error::from(e).to_string()),
+            }
+        })
+    }
+}
+
+/// One finished request of a stream.
+enum Answered {
+    Forward(pb::ForwardedReply),
+    ReadIndex(pb::ReadIndexReply),
+}
+
+/// Confirms one read index.
+async fn read_index_for(leader: Arc<dyn Leader>, id: u64) -> Answered {
+    let mut reply = pb::ReadIndexReply {
+        id,
+        ..Default::default()
+    };
+    match leader.read_index().await {
+        Ok(Some(index)) => reply.index = index,
+        Ok(None) => reply.not_leader = true,
+        Err(error) => reply.error = error,
+    }
+    Answered::ReadIndex(reply)
 }
 
 /// Runs one forwarded command to its encoded reply.
-async fn run_one(run: RunCommand, forwarded: pb::ForwardedCommand) -> pb::ForwardedReply {
+async fn run_one(leader: Arc<dyn Leader>, forwarded: pb::ForwardedCommand) -> Answered {
     let reply = match decode::<Command>(&forwarded.command) {
-        Ok(command) => run(command).await,
+        Ok(command) => leader.run(command).await,
         Err(e) => ForwardReply::Outcome(Err(cairn_core::Error::invalid(format!(
             "undecodable forwarded command: {e}"
         )))),
@@ -385,10 +515,10 @@ async fn run_one(run: RunCommand, forwarded: pb::ForwardedCommand) -> pb::Forwar
         // The follower cannot decode this and reports the outcome as unknown.
         Vec::new()
     });
-    pb::ForwardedReply {
+    Answered::Forward(pb::ForwardedReply {
         id: forwarded.id,
         reply,
-    }
+    })
 }
 
 impl Stream for ForwardedReplies {
@@ -406,7 +536,11 @@ impl Stream for ForwardedReplies {
                 Poll::Ready(Some(Ok(message))) => {
                     for forwarded in message.commands {
                         this.running
-                            .push(Box::pin(run_one(this.run.clone(), forwarded)));
+                            .push(Box::pin(run_one(this.leader.clone(), forwarded)));
+                    }
+                    for id in message.read_indexes {
+                        this.running
+                            .push(Box::pin(read_index_for(this.leader.clone(), id)));
                     }
                 }
                 Poll::Ready(Some(Err(status))) => {
@@ -419,15 +553,16 @@ impl Stream for ForwardedReplies {
                 Poll::Pending => break,
             }
         }
-        let mut replies = Vec::new();
-        while replies.len() < MAX_COMMANDS_PER_MESSAGE {
+        let mut response = pb::ForwardStreamResponse::default();
+        while response.replies.len() + response.read_indexes.len() < MAX_COMMANDS_PER_MESSAGE {
             match this.running.poll_next_unpin(cx) {
-                Poll::Ready(Some(reply)) => replies.push(reply),
+                Poll::Ready(Some(Answered::Forward(reply))) => response.replies.push(reply),
+                Poll::Ready(Some(Answered::ReadIndex(reply))) => response.read_indexes.push(reply),
                 Poll::Ready(None) | Poll::Pending => break,
             }
         }
-        if !replies.is_empty() {
-            return Poll::Ready(Some(Ok(pb::ForwardStreamResponse { replies })));
+        if !response.replies.is_empty() || !response.read_indexes.is_empty() {
+            return Poll::Ready(Some(Ok(response)));
         }
         if this.inbound_done && this.running.is_empty() {
             return Poll::Ready(None);
@@ -472,6 +607,28 @@ mod tests {
         stop: CancellationToken,
     }
 
+    /// The leader behind [`Streams::Real`]: read index 7 while not stopping.
+    impl Leader for FakeLeader {
+        fn run(&self, command: Command) -> BoxFuture<'static, ForwardReply> {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            let stop = self.stop.clone();
+            Box::pin(async move {
+                let Command::Append(append) = command else {
+                    return ForwardReply::Unavailable("unexpected".into());
+                };
+                if append.boundary.starts_with("slow") {
+                    stop.cancelled().await;
+                }
+                ForwardReply::Unavailable(append.boundary)
+            })
+        }
+
+        fn read_index(&self) -> BoxFuture<'static, Result<Option<u64>, String>> {
+            let stopping = self.stop.is_cancelled();
+            Box::pin(async move { if stopping { Ok(None) } else { Ok(Some(7)) } })
+        }
+    }
+
     fn outcome_of(command: &[u8]) -> Vec<u8> {
         let reply = match decode::<Command>(command) {
             Ok(Command::Append(append)) => ForwardReply::Unavailable(append.boundary),
@@ -499,21 +656,11 @@ mod tests {
             }
             self.opened.fetch_add(1, Ordering::SeqCst);
             if mode == Streams::Real {
-                let (started, stop) = (self.started.clone(), self.stop.clone());
-                let run: RunCommand = Arc::new(move |command| {
-                    started.fetch_add(1, Ordering::SeqCst);
-                    let stop = stop.clone();
-                    Box::pin(async move {
-                        let Command::Append(append) = command else {
-                            return ForwardReply::Unavailable("unexpected".into());
-                        };
-                        if append.boundary.starts_with("slow") {
-                            stop.cancelled().await;
-                        }
-                        ForwardReply::Unavailable(append.boundary)
-                    })
-                });
-                let replies = ForwardedReplies::new(run, request.into_inner(), self.stop.clone());
+                let replies = ForwardedReplies::new(
+                    Arc::new(self.clone()),
+                    request.into_inner(),
+                    self.stop.clone(),
+                );
                 return Ok(Response::new(Box::pin(replies)));
             }
             let replies = request.into_inner().map(move |message| {
@@ -530,7 +677,10 @@ mod tests {
                         reply: outcome_of(&c.command),
                     })
                     .collect();
-                Ok(pb::ForwardStreamResponse { replies })
+                Ok(pb::ForwardStreamResponse {
+                    replies,
+                    read_indexes: Vec::new(),
+                })
             });
             Ok(Response::new(Box::pin(replies)))
         }
@@ -733,6 +883,20 @@ mod tests {
             "fast",
             "not held up behind the slow one"
         );
+        let index = streams
+            .read_index(
+                &addr,
+                || peers.cluster(&addr),
+                None,
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("answered");
+        assert_eq!(
+            index.expect("confirmed"),
+            Some(7),
+            "read indexes share the stream"
+        );
         leader.stop.cancel();
         assert_eq!(
             slow.await.expect("task"),
@@ -744,5 +908,21 @@ mod tests {
         })
         .await;
         assert_eq!(leader.opened.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn read_indexes_go_on_the_stream_or_one_call_each_to_a_leader_without_streams() {
+        let (leader, addr) = fake_leader(Streams::Real).await;
+        let peers = PeerClient::new(None, None).expect("client");
+        assert_eq!(peers.read_index(&addr).await.expect("answered"), Some(7));
+        assert_eq!(leader.opened.load(Ordering::SeqCst), 1);
+        leader.stop.cancel();
+        // The fake's unary ReadIndex is unimplemented: that answer proves the call went
+        // there once the stream was refused.
+        let (old, old_addr) = fake_leader(Streams::Unknown).await;
+        let refused = peers.read_index(&old_addr).await.expect_err("fake refuses");
+        assert_eq!(refused.code(), tonic::Code::Unimplemented);
+        assert!(peers.forwards_by_call(&old_addr));
+        assert_eq!(old.opened.load(Ordering::SeqCst), 0);
     }
 }

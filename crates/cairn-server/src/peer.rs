@@ -202,8 +202,29 @@ impl PeerClient {
         self.streams.unsupported(addr)
     }
 
-    /// The read index of the leader at `addr`; `None` when that node does not lead.
+    /// The read index of the leader at `addr`; `None` when that node does not lead. Asked
+    /// on the forwarding stream to it, or with a call of its own when it serves none.
     pub async fn read_index(&self, addr: &str) -> Result<Option<u64>, Status> {
+        if !self.streams.unsupported(addr) {
+            // A stream that ended just as the request was queued is replaced once.
+            for _ in 0..2 {
+                match self
+                    .streams
+                    .read_index(
+                        addr,
+                        || self.cluster(addr),
+                        self.secret.as_ref(),
+                        CLUSTER_CALL_TIMEOUT,
+                    )
+                    .await
+                {
+                    Ok(index) => return index,
+                    Err(StreamError::NotSent(_)) => {}
+                    Err(StreamError::Unsupported(_)) => break,
+                    Err(StreamError::Lost(status)) => return Err(status),
+                }
+            }
+        }
         let reply = self
             .cluster(addr)?
             .read_index(self.cluster_request(pb::ReadIndexRequest {}))
@@ -550,7 +571,7 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<tonic::Response<Self::ForwardStreamStream>, Status> {
         let node = node_of(&self.ready)?;
         Ok(tonic::Response::new(ForwardedReplies::new(
-            crate::forward::on_leader(node),
+            Arc::new(node),
             request.into_inner(),
             self.stop.clone(),
         )))

@@ -590,11 +590,31 @@ pub struct ForwardedCommand {
     #[prost(bytes = "vec", tag = "2")]
     pub command: ::prost::alloc::vec::Vec<u8>,
 }
-/// Internal: the commands a follower had waiting when it wrote to its forwarding stream.
+/// Internal: the commands a follower had waiting when it wrote to its forwarding stream,
+/// and the read indexes it asks for (each one confirmed after this message arrived).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ForwardStreamRequest {
     #[prost(message, repeated, tag = "1")]
     pub commands: ::prost::alloc::vec::Vec<ForwardedCommand>,
+    /// Ids of read-index requests, unique on the stream with the commands'.
+    #[prost(uint64, repeated, tag = "2")]
+    pub read_indexes: ::prost::alloc::vec::Vec<u64>,
+}
+/// Internal: the answer to one read-index request of a forwarding stream.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ReadIndexReply {
+    /// The request's id.
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Log index (meaningless when not_leader is set or error is not empty).
+    #[prost(uint64, tag = "2")]
+    pub index: u64,
+    /// The node asked does not lead (any more); ask the leader it knows of.
+    #[prost(bool, tag = "3")]
+    pub not_leader: bool,
+    /// Why no read index could be confirmed (empty when one was).
+    #[prost(string, tag = "4")]
+    pub error: ::prost::alloc::string::String,
 }
 /// Internal: the outcome of one command of a forwarding stream.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -611,6 +631,8 @@ pub struct ForwardedReply {
 pub struct ForwardStreamResponse {
     #[prost(message, repeated, tag = "1")]
     pub replies: ::prost::alloc::vec::Vec<ForwardedReply>,
+    #[prost(message, repeated, tag = "2")]
+    pub read_indexes: ::prost::alloc::vec::Vec<ReadIndexReply>,
 }
 /// Internal: ask the leader for a linearizable read index.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -861,9 +883,9 @@ pub mod cluster_client {
             req.extensions_mut().insert(GrpcMethod::new("cairn.v1.Cluster", "Forward"));
             self.inner.unary(req, path, codec).await
         }
-        /// Internal: run commands on the leader over one long-lived stream per follower. Replies
-        /// come back as they are ready, in any order; a command may be applied even if the
-        /// stream breaks before its reply arrives.
+        /// Internal: run commands on the leader, and ask it for read indexes, over one long-lived
+        /// stream per follower. Replies come back as they are ready, in any order; a command may
+        /// be applied even if the stream breaks before its reply arrives.
         pub async fn forward_stream(
             &mut self,
             request: impl tonic::IntoStreamingRequest<
@@ -997,9 +1019,9 @@ pub mod cluster_server {
             >
             + std::marker::Send
             + 'static;
-        /// Internal: run commands on the leader over one long-lived stream per follower. Replies
-        /// come back as they are ready, in any order; a command may be applied even if the
-        /// stream breaks before its reply arrives.
+        /// Internal: run commands on the leader, and ask it for read indexes, over one long-lived
+        /// stream per follower. Replies come back as they are ready, in any order; a command may
+        /// be applied even if the stream breaks before its reply arrives.
         async fn forward_stream(
             &self,
             request: tonic::Request<tonic::Streaming<super::ForwardStreamRequest>>,

@@ -452,19 +452,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 pack_dir(&current, &tmp).map_err(|e| snap_err(&e))?;
                 std::fs::rename(&tmp, &pack).map_err(|e| snap_err(&e))?;
             }
-            Ok::<_, StorageError>(Some((meta, pack)))
+            // Opened under the lock: a snapshot built next removes stale packs, and an open
+            // handle keeps reading what a removed path named (a storage error here stops Raft).
+            let file = std::fs::File::open(&pack)
+                .map_err(|e| StorageError::from(StorageIOError::read_snapshot(None, &e)))?;
+            Ok::<_, StorageError>(Some((meta, file)))
         })
         .await
         .map_err(|e| sm_read_err(AnyError::error(format!("snapshot task failed: {e}"))))??;
-        let Some((meta, pack)) = packed else {
+        let Some((meta, file)) = packed else {
             return Ok(None);
         };
-        let file = tokio::fs::File::open(&pack)
-            .await
-            .map_err(|e| snap_err(&e))?;
         Ok(Some(Snapshot {
             meta,
-            snapshot: Box::new(file),
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
         }))
     }
 }
@@ -636,5 +637,40 @@ mod tests {
         );
         assert_eq!(events(&crashed, "b"), events(&whole, "b"));
         assert_eq!(events(&whole, "a"), vec!["e0", "e1", "e0"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_being_sent_survives_new_snapshots_being_built() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path().join("db"), &StoreOptions::default()).expect("open");
+        store
+            .apply(
+                &create("a"),
+                &encode(&AppliedMarker::default()).expect("marker"),
+            )
+            .expect("create a")
+            .expect("created");
+        let mut sm = StateMachine::new(
+            store,
+            dir.path().join("snapshots"),
+            HeadWatch::default(),
+            Arc::new(crate::NoObserver),
+        )
+        .expect("state machine");
+        let mut builder = sm.get_snapshot_builder().await;
+        builder.build_snapshot().await.expect("first snapshot");
+        // Each build swaps the current snapshot and removes the packs of older ones while
+        // the state-machine task packs and opens the current one for a follower; a storage
+        // error on either side stops Raft on a live node, so neither may trip the other.
+        let building = tokio::spawn(async move {
+            for _ in 0..40 {
+                builder.build_snapshot().await.expect("build");
+            }
+        });
+        while !building.is_finished() {
+            let snapshot = sm.get_current_snapshot().await.expect("current snapshot");
+            assert!(snapshot.is_some());
+        }
+        building.await.expect("builder");
     }
 }

@@ -13,11 +13,11 @@
 //! a fresh stream. A leader that does not know `ForwardStream` (an older version, during a
 //! rolling upgrade) answers UNIMPLEMENTED and the follower falls back to unary calls to it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn_core::command::Command;
 use cairn_proto::cairn_v1 as pb;
@@ -48,6 +48,9 @@ pub const IDLE_STREAM: Duration = Duration::from_secs(60);
 /// How long opening a stream may take (a paused leader accepts the connection and never
 /// answers); the writes queued meanwhile then fail as a unary call's would.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a leader that refused a stream (an older version) gets unary calls before a
+/// stream is tried again.
+pub const RETRY_REFUSED_STREAMS: Duration = Duration::from_secs(60);
 
 /// Why a command did not get an outcome over a stream.
 #[derive(Debug)]
@@ -71,6 +74,16 @@ enum Ask {
     Forward(Vec<u8>),
     /// Confirm a read index.
     ReadIndex,
+}
+
+impl Ask {
+    /// What goes back to the caller of a request never sent: its command, to send again.
+    fn unsent(self) -> Vec<u8> {
+        match self {
+            Ask::Forward(command) => command,
+            Ask::ReadIndex => Vec::new(),
+        }
+    }
 }
 
 /// Where a caller waits for its answer.
@@ -102,6 +115,8 @@ impl Caller {
 
 /// A request queued for a stream, with its caller.
 type Queued = (Ask, Caller);
+/// Leaders that refused a stream, by address, with when they did.
+type Unsupported = Arc<Mutex<HashMap<String, Instant>>>;
 /// The open streams by leader address: each stream's id and queue.
 type OpenStreams = Arc<Mutex<HashMap<String, (u64, mpsc::UnboundedSender<Queued>)>>>;
 
@@ -109,7 +124,7 @@ type OpenStreams = Arc<Mutex<HashMap<String, (u64, mpsc::UnboundedSender<Queued>
 #[derive(Default)]
 pub struct ForwardStreams {
     open: OpenStreams,
-    unsupported: Arc<Mutex<HashSet<String>>>,
+    unsupported: Unsupported,
     next_stream: Mutex<u64>,
     message_writes: Option<prometheus::Histogram>,
 }
@@ -123,12 +138,19 @@ impl ForwardStreams {
         }
     }
 
-    /// Whether the leader at `addr` answered that it serves no forwarding streams.
+    /// Whether the leader at `addr` answered, less than [`RETRY_REFUSED_STREAMS`] ago,
+    /// that it serves no forwarding streams.
     pub fn unsupported(&self, addr: &str) -> bool {
-        self.unsupported
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(addr)
+        let mut refused = self.unsupported.lock().unwrap_or_else(|p| p.into_inner());
+        match refused.get(addr) {
+            Some(when) if when.elapsed() < RETRY_REFUSED_STREAMS => true,
+            Some(_) => {
+                // It may have been upgraded in place since: try a stream again.
+                refused.remove(addr);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Sends `command` (encoded) on the stream to `addr`, opening one if needed, and waits
@@ -145,21 +167,8 @@ impl ForwardStreams {
         let queue = self
             .stream_to(addr, client, secret)
             .map_err(StreamError::Lost)?;
-        if let Err(mpsc::error::SendError((Ask::Forward(command), _))) =
-            queue.send((Ask::Forward(command), Caller::Forward(reply)))
-        {
-            return Err(StreamError::NotSent(command));
-        }
-        match tokio::time::timeout(timeout, outcome).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Err(StreamError::Lost(Status::unavailable(
-                "the forwarding stream ended without an answer",
-            ))),
-            Err(_) => Err(StreamError::Lost(Status::deadline_exceeded(format!(
-                "no answer from the leader within {} ms",
-                timeout.as_millis()
-            )))),
-        }
+        let asked = queue.send((Ask::Forward(command), Caller::Forward(reply)));
+        answer_within(timeout, asked, outcome).await
     }
 
     /// Asks the leader at `addr` for a read index on its stream, waiting up to `timeout`.
@@ -174,22 +183,8 @@ impl ForwardStreams {
         let queue = self
             .stream_to(addr, client, secret)
             .map_err(StreamError::Lost)?;
-        if queue
-            .send((Ask::ReadIndex, Caller::ReadIndex(reply)))
-            .is_err()
-        {
-            return Err(StreamError::NotSent(Vec::new()));
-        }
-        match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(StreamError::Lost(Status::unavailable(
-                "the forwarding stream ended without an answer",
-            ))),
-            Err(_) => Err(StreamError::Lost(Status::deadline_exceeded(format!(
-                "no read index from the leader within {} ms",
-                timeout.as_millis()
-            )))),
-        }
+        let asked = queue.send((Ask::ReadIndex, Caller::ReadIndex(reply)));
+        answer_within(timeout, asked, answer).await
     }
 
     /// The queue of the open stream to `addr`, or of a new one.
@@ -225,12 +220,34 @@ impl ForwardStreams {
     }
 }
 
+/// The answer to a request queued (`asked`) on a stream, waited for up to `timeout`.
+async fn answer_within<T>(
+    timeout: Duration,
+    asked: Result<(), mpsc::error::SendError<Queued>>,
+    answer: oneshot::Receiver<Result<T, StreamError>>,
+) -> Result<T, StreamError> {
+    if let Err(mpsc::error::SendError((ask, _))) = asked {
+        // The stream ended before taking it: nothing was sent.
+        return Err(StreamError::NotSent(ask.unsent()));
+    }
+    match tokio::time::timeout(timeout, answer).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(StreamError::Lost(Status::unavailable(
+            "the forwarding stream ended without an answer",
+        ))),
+        Err(_) => Err(StreamError::Lost(Status::deadline_exceeded(format!(
+            "no answer from the leader within {} ms",
+            timeout.as_millis()
+        )))),
+    }
+}
+
 /// The task that owns one forwarding stream.
 struct StreamTask {
     addr: String,
     id: u64,
     open: OpenStreams,
-    unsupported: Arc<Mutex<HashSet<String>>>,
+    unsupported: Unsupported,
     message_writes: Option<prometheus::Histogram>,
 }
 
@@ -270,7 +287,7 @@ impl StreamTask {
                     self.unsupported
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .insert(self.addr.clone());
+                        .insert(self.addr.clone(), Instant::now());
                 } else {
                     tracing::warn!(
                         "failed to open a forwarding stream to the leader at {}: {status}",
@@ -343,11 +360,7 @@ impl StreamTask {
         }
         waiting.close();
         while let Ok((ask, caller)) = waiting.try_recv() {
-            let command = match ask {
-                Ask::Forward(command) => command,
-                Ask::ReadIndex => Vec::new(),
-            };
-            caller.fail(unsent(command));
+            caller.fail(unsent(ask.unsent()));
         }
         for (_, caller) in in_flight {
             caller.fail(StreamError::Lost(Status::unavailable(format!(

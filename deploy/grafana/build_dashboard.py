@@ -231,14 +231,21 @@ line(
         description="Writes followers handed to the leader, by result: applied, rejected by the state machine (CCC conflicts included), or unavailable (no leader, or contact lost: outcome unknown to the client).",
         targets=[(f"sum by (result) (rate(cairn_forwarded_writes_total{{{SEL}}}[{RATE}]))", "{{result}}")],
         unit="ops",
-        w=12,
+        w=8,
+    ),
+    dict(
+        title="Writes per forwarding message",
+        description="Writes a follower sent to the leader in one message of its forwarding stream (every write waiting when it writes goes in one message).",
+        targets=[(f"sum by (instance) (rate(cairn_forward_message_writes_sum{{{SEL}}}[{RATE}])) / sum by (instance) (rate(cairn_forward_message_writes_count{{{SEL}}}[{RATE}]))", "{{instance}}")],
+        unit="short",
+        w=8,
     ),
     dict(
         title="Follower read-index wait p99",
         description="Time a linearizable read on a follower waits for the leader's read index and for its own state machine to apply that far.",
         targets=[(f"histogram_quantile(0.99, sum by (le, instance) (rate(cairn_read_index_wait_seconds_bucket{{{SEL}}}[{RATE}])))", "{{instance}}")],
         unit="s",
-        w=12,
+        w=8,
     ),
 )
 

@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
-use crate::peer::{ForwardReply, run_forwarded};
+use crate::peer::{ForwardReply, leader_read_index, run_forwarded};
 use crate::state::NodeState;
 use cairn_proto::CLUSTER_SECRET_HEADER as SECRET_HEADER;
 
@@ -125,7 +126,7 @@ type OpenStreams = Arc<Mutex<HashMap<String, (u64, mpsc::UnboundedSender<Queued>
 pub struct ForwardStreams {
     open: OpenStreams,
     unsupported: Unsupported,
-    next_stream: Mutex<u64>,
+    next_stream: AtomicU64,
     message_writes: Option<prometheus::Histogram>,
 }
 
@@ -201,11 +202,7 @@ impl ForwardStreams {
             return Ok(queue.clone());
         }
         let client = client()?;
-        let id = {
-            let mut next = self.next_stream.lock().unwrap_or_else(|p| p.into_inner());
-            *next += 1;
-            *next
-        };
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let (queue, waiting) = mpsc::unbounded_channel();
         open.insert(addr.to_string(), (id, queue.clone()));
         let stream = StreamTask {
@@ -485,13 +482,7 @@ impl Leader for Arc<NodeState> {
 
     fn read_index(&self) -> BoxFuture<'static, Result<Option<u64>, String>> {
         let node = self.clone();
-        Box::pin(async move {
-            match node.raft.read_index().await {
-                Ok(index) => Ok(Some(index)),
-                Err(cairn_raft::RaftError::ForwardToLeader { .. }) => Ok(None),
-                Err(e) => Err(cairn_core::Error::from(e).to_string()),
-            }
-        })
+        Box::pin(async move { leader_read_index(&node).await.map_err(|e| e.to_string()) })
     }
 }
 

@@ -161,32 +161,21 @@ impl PeerClient {
     /// Runs `command` on the node at `addr`, which should be the leader: on the forwarding
     /// stream to it (see [`crate::forward`]), or with a call of its own when it serves none.
     pub async fn forward(&self, addr: &str, command: &Command) -> Result<ForwardReply, Status> {
-        let mut bytes = encode(command)
+        let bytes = encode(command)
             .map_err(|e| Status::internal(format!("failed to encode a command: {e}")))?;
-        if !self.streams.unsupported(addr) {
-            // A stream that ended just as the command was queued is replaced once.
-            for _ in 0..2 {
-                match self
-                    .streams
-                    .forward(
-                        addr,
-                        bytes,
-                        || self.cluster(addr),
-                        self.secret.as_ref(),
-                        CLUSTER_CALL_TIMEOUT,
-                    )
-                    .await
-                {
-                    Ok(reply) => return Ok(reply),
-                    Err(StreamError::NotSent(unsent)) => bytes = unsent,
-                    Err(StreamError::Unsupported(unsent)) => {
-                        bytes = unsent;
-                        break;
-                    }
-                    Err(StreamError::Lost(status)) => return Err(status),
-                }
-            }
-        }
+        let streamed = self.on_stream(addr, bytes, |bytes| {
+            self.streams.forward(
+                addr,
+                bytes,
+                || self.cluster(addr),
+                self.secret.as_ref(),
+                CLUSTER_CALL_TIMEOUT,
+            )
+        });
+        let bytes = match streamed.await {
+            Ok(answer) => return answer,
+            Err(unsent) => unsent,
+        };
         let reply = self
             .cluster(addr)?
             .forward(self.cluster_request(pb::ForwardRequest { command: bytes }))
@@ -205,25 +194,16 @@ impl PeerClient {
     /// The read index of the leader at `addr`; `None` when that node does not lead. Asked
     /// on the forwarding stream to it, or with a call of its own when it serves none.
     pub async fn read_index(&self, addr: &str) -> Result<Option<u64>, Status> {
-        if !self.streams.unsupported(addr) {
-            // A stream that ended just as the request was queued is replaced once.
-            for _ in 0..2 {
-                match self
-                    .streams
-                    .read_index(
-                        addr,
-                        || self.cluster(addr),
-                        self.secret.as_ref(),
-                        CLUSTER_CALL_TIMEOUT,
-                    )
-                    .await
-                {
-                    Ok(index) => return index,
-                    Err(StreamError::NotSent(_)) => {}
-                    Err(StreamError::Unsupported(_)) => break,
-                    Err(StreamError::Lost(status)) => return Err(status),
-                }
-            }
+        let streamed = self.on_stream(addr, Vec::new(), |_| {
+            self.streams.read_index(
+                addr,
+                || self.cluster(addr),
+                self.secret.as_ref(),
+                CLUSTER_CALL_TIMEOUT,
+            )
+        });
+        if let Ok(answer) = streamed.await {
+            return answer.and_then(|index| index);
         }
         let reply = self
             .cluster(addr)?
@@ -231,6 +211,32 @@ impl PeerClient {
             .await?
             .into_inner();
         Ok((!reply.not_leader).then_some(reply.index))
+    }
+
+    /// Asks (with `ask`) on the forwarding stream to `addr`, once more on a fresh stream if
+    /// the first ended before sending. `Err` hands back what was not sent, to go in a call
+    /// of its own: the leader serves no streams, or two in a row ended.
+    async fn on_stream<T, F>(
+        &self,
+        addr: &str,
+        mut unsent: Vec<u8>,
+        ask: impl Fn(Vec<u8>) -> F,
+    ) -> Result<Result<T, Status>, Vec<u8>>
+    where
+        F: std::future::Future<Output = Result<T, StreamError>>,
+    {
+        if self.streams.unsupported(addr) {
+            return Err(unsent);
+        }
+        for _ in 0..2 {
+            match ask(unsent).await {
+                Ok(answer) => return Ok(Ok(answer)),
+                Err(StreamError::NotSent(back)) => unsent = back,
+                Err(StreamError::Unsupported(back)) => return Err(back),
+                Err(StreamError::Lost(status)) => return Ok(Err(status)),
+            }
+        }
+        Err(unsent)
     }
 
     fn raft_call<Resp, E>(
@@ -477,6 +483,15 @@ pub async fn run_forwarded(node: &NodeState, command: Command) -> ForwardReply {
     }
 }
 
+/// A read index a leader answers a follower with: `None` when it does not lead (any more).
+pub async fn leader_read_index(node: &NodeState) -> Result<Option<u64>, cairn_core::Error> {
+    match node.raft.read_index().await {
+        Ok(index) => Ok(Some(index)),
+        Err(CairnRaftError::ForwardToLeader { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// `cairn.v1.Cluster`: status, membership, and the calls nodes make to each other.
 #[derive(Clone)]
 pub struct ClusterService {
@@ -582,19 +597,13 @@ impl pb::cluster_server::Cluster for ClusterService {
         _request: Request<pb::ReadIndexRequest>,
     ) -> Result<tonic::Response<pb::ReadIndexResponse>, Status> {
         let node = node_of(&self.ready)?;
-        match node.raft.read_index().await {
-            Ok(index) => Ok(tonic::Response::new(pb::ReadIndexResponse {
-                index,
-                not_leader: false,
-            })),
-            Err(CairnRaftError::ForwardToLeader { .. }) => {
-                Ok(tonic::Response::new(pb::ReadIndexResponse {
-                    index: 0,
-                    not_leader: true,
-                }))
-            }
-            Err(e) => Err(cairn_proto::to_status(cairn_core::Error::from(e))),
-        }
+        let index = leader_read_index(&node)
+            .await
+            .map_err(cairn_proto::to_status)?;
+        Ok(tonic::Response::new(pb::ReadIndexResponse {
+            index: index.unwrap_or(0),
+            not_leader: index.is_none(),
+        }))
     }
 
     async fn elect(

@@ -248,6 +248,15 @@ line(
         w=8,
     ),
 )
+line(
+    dict(
+        title="Planned entries applied /s",
+        description="Entries whose appends the leader checked and turned into rows (pre-execution), applied on each node: held (rows written without checking again) or stale (the state changed since the plan; nothing written, the leader proposed the writes again). Stale plans beyond a leader change mean wasted work.",
+        targets=[(f"sum by (instance, result) (rate(cairn_raft_planned_entries_applied_total{{{SEL}}}[{RATE}]))", "{{instance}} {{result}}")],
+        unit="ops",
+        w=8,
+    ),
+)
 
 row("Subscriptions")
 line(

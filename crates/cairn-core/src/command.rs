@@ -202,6 +202,71 @@ pub enum Command {
     /// Several commands proposed as one Raft entry (group commit). Applied in order, each
     /// seeing the effects of the ones before it (C3), each with its own outcome.
     Batch(Vec<Command>),
+    /// Appends the leader has already checked and turned into rows (pre-execution, see
+    /// docs/design.md): every replica writes `rows` as they are, without repeating the
+    /// consistency checks, but only on the state the plan was made on (`base`); on any
+    /// other state the entry changes nothing and the leader proposes the appends again.
+    /// Never sent by a client and never forwarded: only a leader's proposer makes one.
+    Planned(PlannedAppends),
+}
+
+/// The effects of a run of appends, computed by the leader against a known state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedAppends {
+    /// Token of the state the plan was computed on (the replication layer's, opaque here).
+    pub base: u128,
+    /// Token of the state once `rows` are written.
+    pub token: u128,
+    /// Each touched boundary's id and its head (next prepare position) afterwards.
+    pub heads: Vec<(u32, u64)>,
+    /// The rows to write, in the store's encoding (opaque here).
+    pub rows: Bytes,
+}
+
+/// A byte string that serialises as one (serde's `Vec<u8>` goes element by element, which
+/// costs a call per byte to decode; the encoded bytes are the same either way in postcard).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Bytes(pub Vec<u8>);
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bytes({} bytes)", self.0.len())
+    }
+}
+
+impl Serialize for Bytes {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Bytes;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Bytes, E> {
+                Ok(Bytes(v.to_vec()))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
+                Ok(Bytes(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Bytes, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+                while let Some(b) = seq.next_element()? {
+                    out.push(b);
+                }
+                Ok(Bytes(out))
+            }
+        }
+        deserializer.deserialize_byte_buf(Visitor)
+    }
 }
 
 impl Command {
@@ -228,7 +293,8 @@ impl Command {
             | Command::DropIndex { .. }
             | Command::DeleteUser { .. }
             | Command::ReleaseLease { .. }
-            | Command::InitTokenKey { .. } => {}
+            | Command::InitTokenKey { .. }
+            | Command::Planned(_) => {}
         }
     }
 
@@ -256,6 +322,7 @@ impl Command {
                         .sum::<usize>()
             }
             Command::Batch(commands) => commands.iter().map(Command::approx_bytes).sum(),
+            Command::Planned(planned) => planned.rows.0.len() + 64,
             _ => 256,
         }
     }

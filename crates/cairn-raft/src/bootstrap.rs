@@ -236,6 +236,7 @@ impl RaftNode {
         }
         let proposer = Proposer::spawn(
             raft.clone(),
+            store.clone(),
             opts.observer.clone(),
             opts.max_inflight_batches,
             opts.snapshot_every_bytes,

@@ -264,4 +264,23 @@ mod tests {
             Err(CodecError::UnknownFormat(b'{'))
         ));
     }
+
+    #[test]
+    fn planned_rows_round_trip_and_encode_as_a_plain_byte_vector_would() {
+        use cairn_core::command::{Bytes, PlannedAppends};
+        let rows: Vec<u8> = (0..=255).chain(0..40).collect();
+        let planned = Command::Planned(PlannedAppends {
+            base: 1 << 127 | 5,
+            token: u128::from(u64::MAX) << 64 | 3,
+            heads: vec![(1, 42), (7, 1 << 40)],
+            rows: Bytes(rows.clone()),
+        });
+        let bytes = encode(&planned).expect("encode");
+        assert_eq!(decode::<Command>(&bytes).expect("decode"), planned);
+        assert_eq!(
+            postcard::to_allocvec(&Bytes(rows.clone())).expect("bytes"),
+            postcard::to_allocvec(&rows).expect("vec"),
+            "the same bytes as a Vec<u8>"
+        );
+    }
 }

@@ -15,6 +15,7 @@ mod heads;
 mod log_store;
 mod network;
 mod node;
+mod planner;
 mod proposal;
 mod proposer;
 mod state_machine;
@@ -43,6 +44,9 @@ pub trait RaftObserver: Send + Sync + 'static {
     fn snapshot_built(&self);
     /// A snapshot received from the leader was installed.
     fn snapshot_installed(&self);
+    /// An entry planned by its leader was applied: its rows written (`held`), or nothing
+    /// (the state had changed since the plan; the leader proposes its writes again).
+    fn plan_applied(&self, held: bool);
 }
 
 /// An observer that ignores everything (tests, tools).
@@ -54,6 +58,7 @@ impl RaftObserver for NoObserver {
     fn applied(&self, _entries: usize, _elapsed: Duration) {}
     fn snapshot_built(&self) {}
     fn snapshot_installed(&self) {}
+    fn plan_applied(&self, _held: bool) {}
 }
 
 use std::time::Duration;

@@ -160,6 +160,13 @@ impl RaftNode {
     /// are folded into shared log entries by the proposer. On a node that does not lead,
     /// [`RaftError::ForwardToLeader`] names the leader: nothing was proposed.
     pub async fn write(&self, command: Command) -> Result<Outcome, RaftError> {
+        if matches!(command, Command::Batch(_) | Command::Planned(_)) {
+            // Only the proposer makes these: a batch or a plan from elsewhere (a peer's
+            // forwarded command) would skip the checks each command gets.
+            return Ok(Err(cairn_core::Error::invalid(
+                "batches and planned writes are made by the leader's proposer, not sent to it",
+            )));
+        }
         if !self.is_leader() {
             return Err(self.forward_to_leader());
         }

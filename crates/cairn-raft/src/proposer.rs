@@ -7,11 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cairn_core::command::{Applied, Command, Outcome};
+use cairn_store::Store;
 use openraft::BasicNode;
 use openraft::error::{ClientWriteError, RaftError as OpenRaftError};
 use openraft::raft::ClientWriteResponse;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+use crate::planner::{InFlightEntries, Plan, Planner};
+use crate::state_machine::STALE_PLAN;
 use crate::{Raft, RaftError, RaftObserver};
 
 /// Largest number of commands folded into one Raft entry.
@@ -161,7 +164,9 @@ pub(crate) async fn run_proposer(
     observer: Arc<dyn RaftObserver>,
     max_inflight: usize,
     snapshot_every_bytes: u64,
+    mut planner: Planner,
 ) {
+    let entries = planner.in_flight();
     let max_inflight = max_inflight.max(1);
     let in_flight = Arc::new(Semaphore::new(max_inflight));
     let finished = Arc::new(Notify::new());
@@ -201,7 +206,24 @@ pub(crate) async fn run_proposer(
             }
         }
         observer.proposed(pending.commands.len(), !idle);
-        propose(&raft, std::mem::take(&mut pending), permit, &finished).await;
+        let (commands, replies): (Vec<Command>, Vec<Reply>) =
+            std::mem::take(&mut pending).commands.into_iter().unzip();
+        let (commands, plan) = planner.plan(&raft, commands).await;
+        let slot = InFlightSlot {
+            permit: Some(permit),
+            finished: finished.clone(),
+        };
+        let batch = Proposed {
+            raft: raft.clone(),
+            commands,
+            replies,
+            entries: entries.clone(),
+            _slot: slot,
+        };
+        match plan {
+            Some(plan) => batch.propose_planned(plan).await,
+            None => batch.propose().await,
+        }
     }
 }
 
@@ -220,44 +242,111 @@ impl Drop for InFlightSlot {
     }
 }
 
-/// Submits one batch entry; a spawned task hands out the outcomes once it is applied, then
-/// frees its in-flight slot.
-async fn propose(
-    raft: &Raft,
-    batch: PendingBatch,
-    permit: OwnedSemaphorePermit,
-    finished: &Arc<Notify>,
-) {
-    let slot = InFlightSlot {
-        permit: Some(permit),
-        finished: finished.clone(),
-    };
-    let batched = batch.commands.len() > 1;
-    let (commands, replies): (Vec<Command>, Vec<Reply>) = batch.commands.into_iter().unzip();
-    let command = if batched {
-        Command::Batch(commands)
-    } else {
-        commands
-            .into_iter()
-            .next()
-            .unwrap_or(Command::Batch(Vec::new()))
-    };
-    match raft.client_write_ff(command.into()).await {
-        Ok(pending) => {
-            tokio::spawn(async move {
-                let result = match pending.await {
-                    Ok(Ok(response)) => Ok(response),
-                    Ok(Err(e)) => Err(write_error(&OpenRaftError::APIError(e))),
-                    Err(_) => Err(RaftError::Fatal("raft dropped a proposal".to_string())),
-                };
-                drop(slot);
-                distribute(result, replies, batched);
-            });
+/// A batch on its way into the log, holding its in-flight slot until it is answered.
+struct Proposed {
+    raft: Raft,
+    commands: Vec<Command>,
+    replies: Vec<Reply>,
+    entries: InFlightEntries,
+    _slot: InFlightSlot,
+}
+
+/// The entry a batch of commands is proposed as: the command itself when alone.
+fn batch_command(mut commands: Vec<Command>) -> (Command, bool) {
+    if commands.len() == 1
+        && let Some(command) = commands.pop()
+    {
+        return (command, false);
+    }
+    (Command::Batch(commands), true)
+}
+
+impl Proposed {
+    /// Submits the batch's commands as one entry; a spawned task hands out the outcomes
+    /// once it is applied, then frees the in-flight slot.
+    async fn propose(mut self) {
+        let ticket = self.entries.push(None);
+        let (command, batched) = batch_command(std::mem::take(&mut self.commands));
+        match self.raft.client_write_ff(command.into()).await {
+            Ok(pending) => {
+                tokio::spawn(async move {
+                    let result = answer(pending.await);
+                    self.entries.remove(ticket);
+                    let replies = std::mem::take(&mut self.replies);
+                    drop(self);
+                    distribute(result, replies, batched);
+                });
+            }
+            Err(fatal) => {
+                self.entries.remove(ticket);
+                let replies = std::mem::take(&mut self.replies);
+                drop(self);
+                distribute(Err(RaftError::Fatal(fatal.to_string())), replies, batched);
+            }
         }
-        Err(fatal) => {
-            drop(slot);
-            distribute(Err(RaftError::Fatal(fatal.to_string())), replies, batched);
+    }
+
+    /// Submits the batch as its leader's plan; when applied on a state other than the one
+    /// planned on (it wrote nothing), the commands go again, without a plan.
+    async fn propose_planned(mut self, plan: Plan) {
+        let ticket = self.entries.push(Some(&plan));
+        let outcomes = plan.outcomes;
+        match self.raft.client_write_ff(plan.command.into()).await {
+            Ok(pending) => {
+                tokio::spawn(async move {
+                    let result = answer(pending.await);
+                    self.entries.remove(ticket);
+                    match result {
+                        Ok(ClientWriteResponse {
+                            data: Ok(Applied::Done),
+                            ..
+                        }) => {
+                            for (reply, outcome) in self.replies.drain(..).zip(outcomes) {
+                                let _ = reply.send(Ok(outcome));
+                            }
+                        }
+                        Ok(ClientWriteResponse {
+                            data: Err(cairn_core::Error::Unavailable(m)),
+                            ..
+                        }) if m == STALE_PLAN => self.propose().await,
+                        other => {
+                            let replies = std::mem::take(&mut self.replies);
+                            drop(self);
+                            distribute(
+                                other.and_then(|r| {
+                                    Err(RaftError::Fatal(format!(
+                                        "a planned entry produced an unexpected outcome: {:?}",
+                                        r.data
+                                    )))
+                                }),
+                                replies,
+                                true,
+                            );
+                        }
+                    }
+                });
+            }
+            Err(fatal) => {
+                self.entries.remove(ticket);
+                let replies = std::mem::take(&mut self.replies);
+                drop(self);
+                distribute(Err(RaftError::Fatal(fatal.to_string())), replies, true);
+            }
         }
+    }
+}
+
+/// What waiting for a proposed entry came to.
+fn answer(
+    waited: Result<
+        Result<ClientWriteResponse<crate::TypeConfig>, ClientWriteError<u64, BasicNode>>,
+        oneshot::error::RecvError,
+    >,
+) -> Result<ClientWriteResponse<crate::TypeConfig>, RaftError> {
+    match waited {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(e)) => Err(write_error(&OpenRaftError::APIError(e))),
+        Err(_) => Err(RaftError::Fatal("raft dropped a proposal".to_string())),
     }
 }
 
@@ -279,6 +368,7 @@ impl Proposer {
     /// Starts the proposer task for `raft`.
     pub(crate) fn spawn(
         raft: Raft,
+        store: Store,
         observer: Arc<dyn RaftObserver>,
         max_inflight: usize,
         snapshot_every_bytes: u64,
@@ -292,6 +382,7 @@ impl Proposer {
             observer,
             max_inflight,
             snapshot_every_bytes.max(1),
+            Planner::new(store),
         ));
         Proposer {
             queue,

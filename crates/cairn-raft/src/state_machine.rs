@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cairn_core::command::{Append, Applied, Command, Outcome};
+use cairn_core::command::{Append, Applied, Command, Outcome, PlannedAppends};
 use cairn_store::{Store, StoreError, pack_dir, unpack_dir};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -43,7 +43,84 @@ struct AppliedMarker {
     /// crash can fall between two of them; re-applying the entry then skips those done.
     #[serde(default)]
     in_progress: Option<(LogId<u64>, usize)>,
+    /// The name of the state (see [`state_token`]); `None` in markers written before
+    /// states were named.
+    state: Option<u128>,
 }
+
+/// The marker as written before states were named (postcard has no optional trailing
+/// fields, so such a marker decodes as this and converts).
+#[derive(Deserialize)]
+struct AppliedMarkerV1 {
+    last_applied: Option<LogId<u64>>,
+    membership: StoredMembership<u64, BasicNode>,
+    in_progress: Option<(LogId<u64>, usize)>,
+}
+
+/// Decodes a stored applied marker, of this version or the one before.
+fn decode_marker(bytes: &[u8]) -> Result<AppliedMarker, crate::codec::CodecError> {
+    decode::<AppliedMarker>(bytes).or_else(|e| match decode::<AppliedMarkerV1>(bytes) {
+        Ok(v1) => Ok(AppliedMarker {
+            last_applied: v1.last_applied,
+            membership: v1.membership,
+            in_progress: v1.in_progress,
+            state: None,
+        }),
+        Err(_) => Err(e),
+    })
+}
+
+/// Top bit of the names of states reached by applying an entry without a plan.
+const UNPLANNED_STATE: u128 = 1 << 127;
+
+/// Names the state reached by applying entry `log_id` (or the empty state) other than by a
+/// held plan: unique, because a log id names one entry for good (Raft's log matching).
+fn unplanned_state(log_id: Option<LogId<u64>>) -> u128 {
+    log_id.map_or(UNPLANNED_STATE, |id| {
+        UNPLANNED_STATE | (u128::from(id.leader_id.term) << 64) | u128::from(id.index)
+    })
+}
+
+impl AppliedMarker {
+    /// The name of the state this marker's writes reached. Pre-execution (see
+    /// [`Command::Planned`]) writes a plan's rows only on the state the plan was made on,
+    /// so every replica must give every state the same name, and a name must never be
+    /// given to two different states. Hence: a held plan names the state it reaches with
+    /// the plan's own token (random, unique); every other entry (unplanned commands,
+    /// stale plans, blank and membership entries) names it after its log id. Both depend
+    /// on the log alone, so replicas agree, and so does a marker written before names
+    /// existed: no plan had ever held then.
+    fn state_token(&self) -> u128 {
+        self.state
+            .unwrap_or_else(|| unplanned_state(self.last_applied))
+    }
+
+    /// Records that entry `log_id` was applied other than by a held plan.
+    fn applied_unplanned(&mut self, log_id: LogId<u64>) {
+        self.last_applied = Some(log_id);
+        self.in_progress = None;
+        self.state = Some(unplanned_state(Some(log_id)));
+    }
+}
+
+/// The name of the state `store` has applied (see [`AppliedMarker::state_token`]).
+pub(crate) fn applied_state_token(store: &Store) -> Result<u128, StoreError> {
+    match store.applied_marker() {
+        Some(bytes) => {
+            decode_marker(&bytes)
+                .map(|m| m.state_token())
+                .map_err(|e| StoreError::Corrupt {
+                    cf: "sm_meta",
+                    detail: format!("applied marker: {e}"),
+                })
+        }
+        None => Ok(AppliedMarker::default().state_token()),
+    }
+}
+
+/// What a stale plan's commands get: not applied, to be proposed again. Only the proposer
+/// that made the plan sees it (it re-proposes the commands without a plan).
+pub(crate) const STALE_PLAN: &str = "the leader planned this write on a state that changed before it was applied; nothing was written";
 
 fn sm_write_err(e: impl Into<AnyError>) -> StorageError {
     StorageIOError::write_state_machine(e).into()
@@ -165,7 +242,7 @@ impl StateMachine {
             }
         }
         let marker = match store.applied_marker() {
-            Some(bytes) => decode(&bytes).map_err(|e| StoreError::Corrupt {
+            Some(bytes) => decode_marker(&bytes).map_err(|e| StoreError::Corrupt {
                 cf: "sm_meta",
                 detail: format!("applied marker: {e}"),
             })?,
@@ -231,6 +308,8 @@ fn apply_batch(
             },
             membership: marker.membership.clone(),
             in_progress: if last { None } else { Some((log_id, end)) },
+            // Partly applied or not, the state is named after the entry changing it.
+            state: Some(unplanned_state(Some(log_id))),
         };
         let bytes = encode(&step).map_err(|e| sm_write_err(&e))?;
         if matches!(commands[start], Command::Append(_)) {
@@ -260,8 +339,7 @@ fn apply_batch(
         start = end;
     }
     if commands.is_empty() || done >= commands.len() {
-        marker.last_applied = Some(log_id);
-        marker.in_progress = None;
+        marker.applied_unplanned(log_id);
         let bytes = encode(&*marker).map_err(|e| sm_write_err(&e))?;
         store
             .apply_marker(&bytes)
@@ -270,10 +348,44 @@ fn apply_batch(
     Ok(Ok(Applied::Batch(outcomes)))
 }
 
+/// Writes a plan's rows if the state is the one it was made on; otherwise writes nothing
+/// but the marker, and the commands' proposer proposes them again (see [`STALE_PLAN`]).
+/// Every replica has the same state name here, so every replica decides alike.
+fn apply_planned(
+    store: &Store,
+    log_id: LogId<u64>,
+    plan: &PlannedAppends,
+    marker: &mut AppliedMarker,
+    touched: &mut BTreeSet<String>,
+    observer: &dyn RaftObserver,
+) -> Result<Outcome, StorageError> {
+    let held = marker.state_token() == plan.base;
+    observer.plan_applied(held);
+    if held {
+        marker.last_applied = Some(log_id);
+        marker.in_progress = None;
+        marker.state = Some(plan.token);
+        let bytes = encode(&*marker).map_err(|e| sm_write_err(&e))?;
+        let boundaries = store
+            .apply_rows(&plan.heads, &plan.rows.0, &bytes)
+            .map_err(|e| apply_err(log_id, &e))?;
+        touched.extend(boundaries);
+        Ok(Ok(Applied::Done))
+    } else {
+        marker.applied_unplanned(log_id);
+        let bytes = encode(&*marker).map_err(|e| sm_write_err(&e))?;
+        store
+            .apply_marker(&bytes)
+            .map_err(|e| apply_err(log_id, &e))?;
+        Ok(Err(cairn_core::Error::Unavailable(STALE_PLAN.to_string())))
+    }
+}
+
 fn applied_entries(
     store: &Store,
     entries: Vec<Entry<TypeConfig>>,
     mut marker: AppliedMarker,
+    observer: &dyn RaftObserver,
 ) -> Result<(Vec<Outcome>, AppliedMarker, BTreeSet<String>), StorageError> {
     let mut outcomes = Vec::with_capacity(entries.len());
     let mut touched = BTreeSet::new();
@@ -284,9 +396,11 @@ fn applied_entries(
                 Command::Batch(commands) => {
                     apply_batch(store, log_id, commands, &mut marker, &mut touched)?
                 }
+                Command::Planned(plan) => {
+                    apply_planned(store, log_id, plan, &mut marker, &mut touched, observer)?
+                }
                 command => {
-                    marker.last_applied = Some(log_id);
-                    marker.in_progress = None;
+                    marker.applied_unplanned(log_id);
                     let bytes = encode(&marker).map_err(|e| sm_write_err(&e))?;
                     let outcome = store
                         .apply(command, &bytes)
@@ -300,8 +414,7 @@ fn applied_entries(
                 }
             },
             EntryPayload::Blank | EntryPayload::Membership(_) => {
-                marker.last_applied = Some(log_id);
-                marker.in_progress = None;
+                marker.applied_unplanned(log_id);
                 if let EntryPayload::Membership(m) = &entry.payload {
                     marker.membership = StoredMembership::new(Some(log_id), m.clone());
                 }
@@ -336,10 +449,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let started = std::time::Instant::now();
         let store = self.store.clone();
         let marker = self.marker.clone();
-        let (outcomes, marker, touched) =
-            tokio::task::spawn_blocking(move || applied_entries(&store, entries, marker))
-                .await
-                .map_err(|e| sm_write_err(AnyError::error(format!("apply task failed: {e}"))))??;
+        let observer = self.observer.clone();
+        let (outcomes, marker, touched) = tokio::task::spawn_blocking(move || {
+            applied_entries(&store, entries, marker, observer.as_ref())
+        })
+        .await
+        .map_err(|e| sm_write_err(AnyError::error(format!("apply task failed: {e}"))))??;
         self.marker = marker;
         self.observer.applied(count, started.elapsed());
         for boundary in touched {
@@ -421,7 +536,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .await
         .map_err(|e| snap_err(AnyError::error(format!("install task failed: {e}"))))??;
         let marker: AppliedMarker = match self.store.applied_marker() {
-            Some(bytes) => decode(&bytes).map_err(|e| snap_err(&e))?,
+            Some(bytes) => decode_marker(&bytes).map_err(|e| snap_err(&e))?,
             None => AppliedMarker::default(),
         };
         if marker.last_applied != meta.last_log_id {
@@ -488,7 +603,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 snap_err(&e)
             })?;
             let marker: AppliedMarker = match marker_bytes {
-                Some(bytes) => decode(&bytes).map_err(|e| snap_err(&e))?,
+                Some(bytes) => decode_marker(&bytes).map_err(|e| snap_err(&e))?,
                 None => AppliedMarker::default(),
             };
             let snapshot_id = match marker.last_applied {
@@ -603,8 +718,13 @@ mod tests {
 
         // Uninterrupted.
         let (_d1, whole) = open();
-        let (outcomes, marker, _) =
-            applied_entries(&whole, vec![entry.clone()], AppliedMarker::default()).expect("apply");
+        let (outcomes, marker, _) = applied_entries(
+            &whole,
+            vec![entry.clone()],
+            AppliedMarker::default(),
+            &crate::NoObserver,
+        )
+        .expect("apply");
         assert_eq!(marker.last_applied, Some(log_id));
         assert_eq!(marker.in_progress, None);
         let Ok(Applied::Batch(results)) = &outcomes[0] else {
@@ -618,6 +738,7 @@ mod tests {
             last_applied: None,
             membership: Default::default(),
             in_progress: Some((log_id, 1)),
+            state: None,
         };
         let Command::Append(first) = &batch[0] else {
             unreachable!()
@@ -628,7 +749,8 @@ mod tests {
         let restarted: AppliedMarker =
             decode(&crashed.applied_marker().expect("marker")).expect("decode");
         assert_eq!(restarted.in_progress, Some((log_id, 1)));
-        let (_, marker, _) = applied_entries(&crashed, vec![entry], restarted).expect("re-apply");
+        let (_, marker, _) = applied_entries(&crashed, vec![entry], restarted, &crate::NoObserver)
+            .expect("re-apply");
         assert_eq!(marker.last_applied, Some(log_id));
         assert_eq!(
             events(&crashed, "a"),
@@ -672,5 +794,120 @@ mod tests {
             assert!(snapshot.is_some());
         }
         building.await.expect("builder");
+    }
+
+    fn planned_entry(
+        store: &Store,
+        log_id: LogId<u64>,
+        base: u128,
+        token: u128,
+    ) -> Entry<TypeConfig> {
+        let command = append("a", 2);
+        let Command::Append(a) = &command else {
+            unreachable!()
+        };
+        let run = store
+            .plan_appends(&[a], &[])
+            .expect("plan")
+            .expect("plannable");
+        Entry {
+            log_id,
+            payload: EntryPayload::Normal(
+                Command::Planned(PlannedAppends {
+                    base,
+                    token,
+                    heads: run.heads,
+                    rows: cairn_core::command::Bytes(run.rows),
+                })
+                .into(),
+            ),
+        }
+    }
+
+    #[test]
+    fn a_plan_writes_its_rows_only_on_the_state_it_was_made_on() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path(), &StoreOptions::default()).expect("open");
+        let id = |index| LogId::new(CommittedLeaderId::new(2, 1), index);
+        let created = Entry::<TypeConfig> {
+            log_id: id(1),
+            payload: EntryPayload::Normal(create("a").into()),
+        };
+        let (_, marker, _) = applied_entries(
+            &store,
+            vec![created],
+            AppliedMarker::default(),
+            &crate::NoObserver,
+        )
+        .expect("create");
+        let base = applied_state_token(&store).expect("token");
+        assert_eq!(base, marker.state_token());
+        assert_eq!(base, unplanned_state(Some(id(1))), "named after the entry");
+
+        // Planned on this state: held, its rows written, the state named by the plan.
+        let held = planned_entry(&store, id(2), base, 77);
+        let (outcomes, marker, touched) =
+            applied_entries(&store, vec![held], marker, &crate::NoObserver).expect("apply");
+        assert_eq!(outcomes, vec![Ok(Applied::Done)]);
+        assert_eq!(events(&store, "a"), ["e0", "e1"]);
+        assert_eq!(touched, BTreeSet::from(["a".to_string()]));
+        assert_eq!(marker.state_token(), 77);
+        assert_eq!(applied_state_token(&store).expect("token"), 77);
+
+        // Planned on the state before: stale, nothing written but the marker.
+        let stale = planned_entry(&store, id(3), base, 78);
+        let (outcomes, marker, touched) =
+            applied_entries(&store, vec![stale], marker, &crate::NoObserver).expect("apply");
+        assert_eq!(
+            outcomes,
+            vec![Err(cairn_core::Error::Unavailable(STALE_PLAN.into()))]
+        );
+        assert_eq!(events(&store, "a"), ["e0", "e1"]);
+        assert!(touched.is_empty());
+        assert_eq!(marker.last_applied, Some(id(3)));
+        assert_eq!(marker.state_token(), unplanned_state(Some(id(3))));
+
+        // A blank entry (a new leader's) renames the state: plans made before it are stale.
+        let before_blank = marker.state_token();
+        let blank = Entry::<TypeConfig> {
+            log_id: id(4),
+            payload: EntryPayload::Blank,
+        };
+        let (_, marker, _) =
+            applied_entries(&store, vec![blank], marker, &crate::NoObserver).expect("blank");
+        assert_ne!(marker.state_token(), before_blank);
+        let late = planned_entry(&store, id(5), before_blank, 79);
+        let (outcomes, _, _) =
+            applied_entries(&store, vec![late], marker, &crate::NoObserver).expect("apply");
+        assert!(outcomes[0].is_err(), "{outcomes:?}");
+        assert_eq!(events(&store, "a"), ["e0", "e1"]);
+    }
+
+    #[test]
+    fn a_marker_written_before_states_were_named_still_decodes() {
+        #[derive(Serialize)]
+        struct V1 {
+            last_applied: Option<LogId<u64>>,
+            membership: StoredMembership<u64, BasicNode>,
+            in_progress: Option<(LogId<u64>, usize)>,
+        }
+        let log_id = LogId::new(CommittedLeaderId::new(4, 1), 9);
+        let bytes = encode(&V1 {
+            last_applied: Some(log_id),
+            membership: StoredMembership::default(),
+            in_progress: None,
+        })
+        .expect("encode");
+        let marker = decode_marker(&bytes).expect("decode");
+        assert_eq!(marker.last_applied, Some(log_id));
+        assert_eq!(marker.state, None);
+        // Named as the entry that reached it: what a replica replaying the log names it.
+        assert_eq!(marker.state_token(), unplanned_state(Some(log_id)));
+        let current = encode(&marker).expect("encode");
+        assert_eq!(
+            decode_marker(&current).expect("decode").last_applied,
+            Some(log_id)
+        );
+        assert!(decode_marker(&[1, 0xff]).is_err());
     }
 }

@@ -33,6 +33,8 @@ pub struct Metrics {
     pub subscription_events: IntCounter,
     /// Log entries the proposer submitted, by whether another was in flight.
     pub raft_proposals: IntCounterVec,
+    /// Entries planned by their leader, applied here: rows written or stale.
+    pub raft_planned_entries: IntCounterVec,
     /// Commands folded into one proposed entry.
     pub raft_proposal_commands: Histogram,
     /// Raft proposal latency (propose → applied), seconds.
@@ -169,6 +171,15 @@ impl Metrics {
                     "Log entries proposed, by whether another was still in flight"
                 ),
                 &["overlapping"]
+            )?),
+            raft_planned_entries: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_raft_planned_entries_applied_total",
+                    "Entries whose writes the leader checked and turned into rows, applied on \
+                     this node: held (rows written) or stale (state changed since the plan; \
+                     nothing written, the writes proposed again)"
+                ),
+                &["result"]
             )?),
             raft_proposal_commands: reg!(Histogram::with_opts(
                 HistogramOpts::new(
@@ -341,6 +352,12 @@ impl cairn_raft::RaftObserver for Metrics {
 
     fn snapshot_installed(&self) {
         self.snapshot_installs.inc();
+    }
+
+    fn plan_applied(&self, held: bool) {
+        self.raft_planned_entries
+            .with_label_values(&[if held { "held" } else { "stale" }])
+            .inc();
     }
 }
 

@@ -11,7 +11,8 @@ use rocksdb::{WriteBatch, WriteOptions};
 
 use crate::catalog::{Catalog, Lease, encode_json};
 use crate::keys::{self, meta};
-use crate::{CF_EVENT_IDS, CF_EVENTS, CF_SM_META, CF_TAGS, CF_WRITES, Store, StoreError};
+use crate::planned::{RowCf, RowSink};
+use crate::{CF_EVENT_IDS, CF_SM_META, Store, StoreError};
 
 /// Catalog changes to publish once the batch holding them is durable in RocksDB.
 type CatalogUpdate = Box<dyn FnOnce(&mut Catalog) + Send>;
@@ -51,7 +52,7 @@ impl Store {
         Ok(())
     }
 
-    fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
+    pub(crate) fn write(&self, batch: WriteBatch) -> Result<(), StoreError> {
         // Not in the WAL at all: the Raft log entry this batch applies is already durable,
         // and the applied marker travels in the same batch, so after a crash the log replays
         // exactly what the state machine lost (everything after the last flushed marker;
@@ -72,8 +73,9 @@ impl Store {
         match command {
             Command::Append(append) => {
                 let mut pending = Pending::default();
-                let outcome = self.plan_append(append, batch, &mut pending)?;
-                pending.write_tags(batch, self.cf(CF_TAGS)?);
+                let mut rows = self.batch_rows(batch)?;
+                let outcome = self.plan_append(append, &mut rows, &mut pending)?;
+                pending.write_tags(&mut rows);
                 Ok((outcome, Some(pending.into_update())))
             }
             Command::CreateBoundary {
@@ -300,6 +302,9 @@ impl Store {
             Command::Batch(_) => Err(Planned::Rejected(Error::internal(
                 "a batch is applied command by command, never as one command",
             ))),
+            Command::Planned(_) => Err(Planned::Rejected(Error::internal(
+                "planned appends are written with apply_rows, never applied as a command",
+            ))),
             Command::InitTokenKey { key } => {
                 if self.with_catalog(|c| c.token_key.is_some()) {
                     return Ok((Ok(Applied::Done), None));
@@ -342,14 +347,15 @@ impl Store {
             ..Pending::default()
         };
         let mut outcomes = Vec::with_capacity(appends.len());
+        let mut rows = self.batch_rows(&mut batch)?;
         for append in appends {
-            match self.plan_append(append, &mut batch, &mut pending) {
+            match self.plan_append(append, &mut rows, &mut pending) {
                 Ok(outcome) => outcomes.push(outcome),
                 Err(Planned::Rejected(e)) => outcomes.push(Err(e)),
                 Err(Planned::Storage(e)) => return Err(e),
             }
         }
-        pending.write_tags(&mut batch, self.cf(CF_TAGS)?);
+        pending.write_tags(&mut rows);
         batch.put_cf(self.cf(CF_SM_META)?, meta::APPLIED, marker);
         self.write(batch)?;
         let update = pending.into_update();
@@ -362,9 +368,14 @@ impl Store {
 
     /// The posting lists that appends of a run check after the first one: only those can
     /// be looked up in the overlay, so only those are recorded there.
-    fn observed_prefixes(&self, appends: &[&Append]) -> HashSet<Vec<u8>> {
+    pub(crate) fn observed_prefixes(&self, appends: &[&Append]) -> HashSet<Vec<u8>> {
+        self.observed_prefixes_of(appends.get(1..).unwrap_or_default())
+    }
+
+    /// The posting lists any of `appends` checks.
+    pub(crate) fn observed_prefixes_of(&self, appends: &[&Append]) -> HashSet<Vec<u8>> {
         let mut observed = HashSet::new();
-        for append in appends.iter().skip(1) {
+        for append in appends {
             let Some(bid) = self.with_catalog(|c| c.boundaries.get(&append.boundary).map(|b| b.id))
             else {
                 continue;
@@ -380,10 +391,10 @@ impl Store {
         observed
     }
 
-    fn plan_append<'a>(
+    pub(crate) fn plan_append<'a>(
         &self,
         append: &'a Append,
-        batch: &mut WriteBatch,
+        rows: &mut impl RowSink,
         pending: &mut Pending<'a>,
     ) -> Result<Outcome, Planned> {
         let (bid, idempotent_ids) = self.active_boundary(&append.boundary)?;
@@ -421,7 +432,6 @@ impl Store {
         };
         let n = append.events.len() as u64;
         let commit = first + n;
-        let events_cf = self.cf(CF_EVENTS)?;
         // The rows the previous event's tags went to, by tag index: consecutive events of a
         // write usually share most tags (their type, their context), and such an event joins
         // the row already started instead of building (and hashing, for long values) the
@@ -430,10 +440,10 @@ impl Store {
         let mut current: Vec<(&Tag, usize)> = Vec::new();
         for (i, event) in append.events.iter().enumerate() {
             let prepare = first + i as u64;
-            batch.put_cf(
-                events_cf,
-                keys::event_key(bid, prepare),
-                keys::encode_event(
+            rows.put(
+                RowCf::Events,
+                &keys::event_key(bid, prepare),
+                &keys::encode_event(
                     commit,
                     append.at_unix_nanos,
                     &event.event_id,
@@ -484,13 +494,12 @@ impl Store {
             std::mem::swap(&mut previous, &mut current);
         }
         if idempotent_ids {
-            let ids_cf = self.cf(CF_EVENT_IDS)?;
             for (i, event) in append.events.iter().enumerate() {
                 let prepare = first + i as u64;
-                batch.put_cf(
-                    ids_cf,
-                    keys::event_id_key(bid, &event.event_id),
-                    keys::encode_event_id_value(prepare),
+                rows.put(
+                    RowCf::EventIds,
+                    &keys::event_id_key(bid, &event.event_id),
+                    &keys::encode_event_id_value(prepare),
                 );
                 pending.ids.insert(
                     (bid, event.event_id.as_str()),
@@ -504,10 +513,10 @@ impl Store {
             }
         }
         if !append.observations.is_empty() {
-            batch.put_cf(
-                self.cf(CF_WRITES)?,
-                keys::write_key(bid, commit),
-                encode_json(&append.observations),
+            rows.put(
+                RowCf::Writes,
+                &keys::write_key(bid, commit),
+                &encode_json(&append.observations),
             );
         }
         pending.heads.insert(bid, commit);
@@ -657,17 +666,17 @@ struct PendingEvent<'a> {
 /// What a batch of appends adds before it is written: heads, posting lists and event ids,
 /// so later appends of the batch see earlier ones.
 #[derive(Default)]
-struct Pending<'a> {
+pub(crate) struct Pending<'a> {
     /// Next prepare position per boundary.
-    heads: HashMap<u32, u64>,
+    pub(crate) heads: HashMap<u32, u64>,
     /// Posting lists some later append of the run observes (see
     /// [`Store::observed_prefixes`]); postings of any other list are not kept.
-    observed: HashSet<Vec<u8>>,
+    pub(crate) observed: HashSet<Vec<u8>>,
     /// Posting-list rows to write, added to the batch in key order by [`Pending::write_tags`].
     tag_rows: Vec<TagRow>,
     /// Pending (prepare, commit) per posting list (keyed by its `tags` prefix, which names
     /// boundary, key and value and is computed for the RocksDB row anyway), ascending.
-    postings: HashMap<Vec<u8>, Vec<(u64, u64)>>,
+    pub(crate) postings: HashMap<Vec<u8>, Vec<(u64, u64)>>,
     /// Event ids appended to idempotent boundaries (X1), by boundary id.
     ids: HashMap<(u32, &'a str), PendingEvent<'a>>,
 }
@@ -710,9 +719,12 @@ impl Pending<'_> {
     /// Rows of one list and write that were started separately (events sharing a tag with
     /// others in between) cover disjoint runs of ascending positions, so once sorted, their
     /// members follow one another in order.
-    fn write_tags(&mut self, batch: &mut WriteBatch, tags_cf: &rocksdb::ColumnFamily) {
+    /// Writes the posting-list rows started so far, merging rows of one list and write
+    /// that were started apart; returns them as written (sorted by key).
+    pub(crate) fn write_tags(&mut self, sink: &mut impl RowSink) -> Vec<TagRow> {
         self.tag_rows.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         let mut rows = self.tag_rows.drain(..).peekable();
+        let mut written = Vec::with_capacity(rows.len());
         let mut value = Vec::new();
         while let Some(mut row) = rows.next() {
             while let Some(next) =
@@ -722,8 +734,10 @@ impl Pending<'_> {
                 row.later.extend_from_slice(&next.later);
             }
             keys::encode_row(row.first, row.commit, row.later.iter().copied(), &mut value);
-            batch.put_cf(tags_cf, row.key, &value);
+            sink.put(RowCf::Tags, &row.key, &value);
+            written.push(row);
         }
+        written
     }
 
     fn into_update(self) -> CatalogUpdate {
@@ -737,26 +751,27 @@ impl Pending<'_> {
 }
 
 /// A posting-list row being built: the events of one write that carry one tag.
-struct TagRow {
+#[derive(Debug)]
+pub(crate) struct TagRow {
     /// The list's prefix followed by the first event's prepare position.
-    key: Vec<u8>,
-    first: u64,
-    commit: u64,
+    pub(crate) key: Vec<u8>,
+    pub(crate) first: u64,
+    pub(crate) commit: u64,
     /// Further events of the write in the row, ascending.
-    later: Vec<u64>,
+    pub(crate) later: Vec<u64>,
     /// Whether a later append of the batch observes this list (see [`Pending::postings`]).
     observed: bool,
 }
 
 impl TagRow {
     /// The posting list's prefix (the key without the prepare position).
-    fn list(&self) -> &[u8] {
+    pub(crate) fn list(&self) -> &[u8] {
         crate::posting_list_prefix(&self.key)
     }
 }
 
 /// Why planning stopped.
-enum Planned {
+pub(crate) enum Planned {
     /// A deterministic domain rejection.
     Rejected(Error),
     /// Storage failed.
@@ -789,7 +804,7 @@ mod tests {
     /// The rows of list `key=value` in boundary `bid`: (first prepare, members, commit).
     fn rows(store: &Store, bid: u32, key: &str, value: &str) -> Vec<(u64, Vec<u64>, u64)> {
         let prefix = keys::tag_prefix(bid, key, value);
-        let cf = store.cf(CF_TAGS).expect("cf");
+        let cf = store.cf(crate::CF_TAGS).expect("cf");
         let mut out = Vec::new();
         let start = keys::with_prepare(&prefix, 0);
         let mode = rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward);

@@ -41,7 +41,7 @@ pub const MIN_TAG_PREFIX_BYTES: usize = 3;
 
 /// Writes `n` as LEB128 into `buf`: 7 bits per byte, high bit set on all but the last.
 /// Prefix-free, so a varint followed by anything decodes unambiguously.
-fn varint(mut n: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
+pub(crate) fn varint(mut n: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
     let mut len = 0;
     while n >= 0x80 {
         buf[len] = (n as u8) | 0x80;
@@ -53,7 +53,7 @@ fn varint(mut n: u64, buf: &mut [u8; MAX_VARINT_BYTES]) -> &[u8] {
 }
 
 /// Reads one LEB128 value off the front of `bytes`; returns it and what follows.
-fn split_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+pub(crate) fn split_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
     let mut n = 0u64;
     for (i, b) in bytes.iter().enumerate() {
         if i >= MAX_VARINT_BYTES || (i == MAX_VARINT_BYTES - 1 && *b > 1) {

@@ -16,6 +16,7 @@ mod apply;
 mod catalog;
 mod checkpoint;
 pub mod keys;
+mod planned;
 mod posting;
 mod read;
 
@@ -29,6 +30,7 @@ use rocksdb::{
 
 pub use catalog::{Catalog, Lease};
 pub use checkpoint::{pack_dir, unpack_dir};
+pub use planned::{PlannedRun, Speculation};
 pub use read::{Direction, ReadStart};
 
 /// Raft log entries, by index (written by cairn-raft).

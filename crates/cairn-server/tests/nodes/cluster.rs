@@ -132,6 +132,38 @@ async fn any_node_takes_writes_and_every_node_reads_them_at_once() {
         );
     }
 
+    // The leader planned those writes (pre-execution): every replica wrote the planned rows
+    // rather than checking and building them again, and every replica decided alike.
+    let addrs: Vec<_> = cluster
+        .ids()
+        .iter()
+        .map(|id| cluster.node(*id).http_addr)
+        .collect();
+    let held = wait_for("every replica to apply the planned writes alike", || {
+        let addrs = addrs.clone();
+        async move {
+            let mut counts = Vec::new();
+            for addr in addrs {
+                let metrics = http_get(addr, "/metrics").await;
+                let series = |result| {
+                    let name =
+                        format!("cairn_raft_planned_entries_applied_total{{result=\"{result}\"}}");
+                    metrics.contains(&name).then(|| metric(&metrics, &name))
+                };
+                counts.push((
+                    series("held").unwrap_or(0.0),
+                    series("stale").unwrap_or(0.0),
+                ));
+            }
+            counts.windows(2).all(|w| w[0] == w[1]).then(|| counts[0])
+        }
+    })
+    .await;
+    assert!(
+        held.0 >= 15.0,
+        "most of 20 one-at-a-time writes are planned and held (held, stale): {held:?}"
+    );
+
     // A CCC conflict found by the leader comes back through a follower unchanged.
     let stale = vec![observed(account("a"), -1, -1)];
     let on_leader = save(

@@ -62,9 +62,24 @@ impl InFlightEntries {
         ticket
     }
 
-    /// Forgets an entry once it is applied (or will never be).
-    pub(crate) fn remove(&self, ticket: u64) {
+    /// Forgets an entry once it is applied, and every entry before it: they are applied
+    /// too (log order), though the tasks waiting for them may not have run yet. A plan
+    /// made meanwhile must not build on them.
+    pub(crate) fn applied(&self, ticket: u64) {
+        self.lock().entries.retain(|(t, _)| *t > ticket);
+    }
+
+    /// Forgets an entry that failed (it will not be applied, or may not be).
+    pub(crate) fn failed(&self, ticket: u64) {
         self.lock().entries.retain(|(t, _)| *t != ticket);
+    }
+
+    /// Forgets an entry by how waiting for it ended.
+    pub(crate) fn answered<T, E>(&self, ticket: u64, result: &Result<T, E>) {
+        match result {
+            Ok(_) => self.applied(ticket),
+            Err(_) => self.failed(ticket),
+        }
     }
 
     /// The state the entries in flight lead to (`None`: the applied state) and what they
@@ -196,4 +211,58 @@ fn plan_blocking(
         token,
         speculation: run.speculation,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(token: u128) -> Plan {
+        Plan {
+            command: Command::Batch(Vec::new()),
+            outcomes: Vec::new(),
+            token,
+            speculation: Arc::new(Speculation::default()),
+        }
+    }
+
+    fn tokens(entries: &InFlightEntries) -> Result<(Option<u128>, usize), ()> {
+        entries.chain().map(|(last, specs)| (last, specs.len()))
+    }
+
+    #[test]
+    fn plans_build_on_the_entries_in_flight_until_they_are_answered() {
+        let entries = InFlightEntries::default();
+        assert_eq!(
+            tokens(&entries),
+            Ok((None, 0)),
+            "nothing in flight: the applied state"
+        );
+        let first = entries.push(Some(&plan(1)));
+        let second = entries.push(Some(&plan(2)));
+        assert_eq!(tokens(&entries), Ok((Some(2), 2)));
+        // The second is answered first (its waiting task ran first): applied in log order,
+        // so the first is applied too, and neither may be built on any more.
+        entries.answered(second, &Ok::<(), ()>(()));
+        assert_eq!(tokens(&entries), Ok((None, 0)));
+        entries.answered(first, &Ok::<(), ()>(()));
+
+        let failed = entries.push(Some(&plan(3)));
+        let kept = entries.push(Some(&plan(4)));
+        entries.answered(failed, &Err::<(), ()>(()));
+        assert_eq!(
+            tokens(&entries),
+            Ok((Some(4), 1)),
+            "a failure forgets only itself"
+        );
+        let unplanned = entries.push(None);
+        assert_eq!(
+            tokens(&entries),
+            Err(()),
+            "no plan on an entry of unknown effects"
+        );
+        entries.failed(unplanned);
+        entries.applied(kept);
+        assert_eq!(tokens(&entries), Ok((None, 0)));
+    }
 }

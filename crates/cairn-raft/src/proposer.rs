@@ -271,14 +271,14 @@ impl Proposed {
             Ok(pending) => {
                 tokio::spawn(async move {
                     let result = answer(pending.await);
-                    self.entries.remove(ticket);
+                    self.entries.answered(ticket, &result);
                     let replies = std::mem::take(&mut self.replies);
                     drop(self);
                     distribute(result, replies, batched);
                 });
             }
             Err(fatal) => {
-                self.entries.remove(ticket);
+                self.entries.failed(ticket);
                 let replies = std::mem::take(&mut self.replies);
                 drop(self);
                 distribute(Err(RaftError::Fatal(fatal.to_string())), replies, batched);
@@ -295,7 +295,7 @@ impl Proposed {
             Ok(pending) => {
                 tokio::spawn(async move {
                     let result = answer(pending.await);
-                    self.entries.remove(ticket);
+                    self.entries.answered(ticket, &result);
                     match result {
                         Ok(ClientWriteResponse {
                             data: Ok(Applied::Done),
@@ -327,7 +327,7 @@ impl Proposed {
                 });
             }
             Err(fatal) => {
-                self.entries.remove(ticket);
+                self.entries.failed(ticket);
                 let replies = std::mem::take(&mut self.replies);
                 drop(self);
                 distribute(Err(RaftError::Fatal(fatal.to_string())), replies, true);

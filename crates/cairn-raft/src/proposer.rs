@@ -262,6 +262,17 @@ fn batch_command(mut commands: Vec<Command>) -> (Command, bool) {
 }
 
 impl Proposed {
+    /// Frees the in-flight slot, then hands every caller its share of `result`.
+    fn answer_all(
+        mut self,
+        result: Result<ClientWriteResponse<crate::TypeConfig>, RaftError>,
+        batched: bool,
+    ) {
+        let replies = std::mem::take(&mut self.replies);
+        drop(self);
+        distribute(result, replies, batched);
+    }
+
     /// Submits the batch's commands as one entry; a spawned task hands out the outcomes
     /// once it is applied, then frees the in-flight slot.
     async fn propose(mut self) {
@@ -272,23 +283,19 @@ impl Proposed {
                 tokio::spawn(async move {
                     let result = answer(pending.await);
                     self.entries.answered(ticket, &result);
-                    let replies = std::mem::take(&mut self.replies);
-                    drop(self);
-                    distribute(result, replies, batched);
+                    self.answer_all(result, batched);
                 });
             }
             Err(fatal) => {
                 self.entries.failed(ticket);
-                let replies = std::mem::take(&mut self.replies);
-                drop(self);
-                distribute(Err(RaftError::Fatal(fatal.to_string())), replies, batched);
+                self.answer_all(Err(RaftError::Fatal(fatal.to_string())), batched);
             }
         }
     }
 
     /// Submits the batch as its leader's plan; when applied on a state other than the one
     /// planned on (it wrote nothing), the commands go again, without a plan.
-    async fn propose_planned(mut self, plan: Plan) {
+    async fn propose_planned(self, plan: Plan) {
         let ticket = self.entries.push(Some(&plan));
         let outcomes = plan.outcomes;
         match self.raft.client_write_ff(plan.command.into()).await {
@@ -296,41 +303,35 @@ impl Proposed {
                 tokio::spawn(async move {
                     let result = answer(pending.await);
                     self.entries.answered(ticket, &result);
-                    match result {
-                        Ok(ClientWriteResponse {
-                            data: Ok(Applied::Done),
-                            ..
-                        }) => {
-                            for (reply, outcome) in self.replies.drain(..).zip(outcomes) {
-                                let _ = reply.send(Ok(outcome));
-                            }
+                    let response = match result {
+                        Ok(response) => response,
+                        Err(e) => return self.answer_all(Err(e), true),
+                    };
+                    match response.data {
+                        // Held: the outcomes are the plan's, as one batch's.
+                        Ok(Applied::Done) => self.answer_all(
+                            Ok(ClientWriteResponse {
+                                log_id: response.log_id,
+                                data: Ok(Applied::Batch(outcomes)),
+                                membership: response.membership,
+                            }),
+                            true,
+                        ),
+                        Err(cairn_core::Error::Unavailable(m)) if m == STALE_PLAN => {
+                            self.propose().await
                         }
-                        Ok(ClientWriteResponse {
-                            data: Err(cairn_core::Error::Unavailable(m)),
-                            ..
-                        }) if m == STALE_PLAN => self.propose().await,
-                        other => {
-                            let replies = std::mem::take(&mut self.replies);
-                            drop(self);
-                            distribute(
-                                other.and_then(|r| {
-                                    Err(RaftError::Fatal(format!(
-                                        "a planned entry produced an unexpected outcome: {:?}",
-                                        r.data
-                                    )))
-                                }),
-                                replies,
-                                true,
-                            );
-                        }
+                        other => self.answer_all(
+                            Err(RaftError::Fatal(format!(
+                                "a planned entry produced an unexpected outcome: {other:?}"
+                            ))),
+                            true,
+                        ),
                     }
                 });
             }
             Err(fatal) => {
                 self.entries.failed(ticket);
-                let replies = std::mem::take(&mut self.replies);
-                drop(self);
-                distribute(Err(RaftError::Fatal(fatal.to_string())), replies, true);
+                self.answer_all(Err(RaftError::Fatal(fatal.to_string())), true);
             }
         }
     }

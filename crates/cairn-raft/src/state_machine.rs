@@ -95,11 +95,16 @@ impl AppliedMarker {
             .unwrap_or_else(|| unplanned_state(self.last_applied))
     }
 
-    /// Records that entry `log_id` was applied other than by a held plan.
-    fn applied_unplanned(&mut self, log_id: LogId<u64>) {
+    /// Records that entry `log_id` was applied whole, reaching the state named `state`.
+    fn applied(&mut self, log_id: LogId<u64>, state: u128) {
         self.last_applied = Some(log_id);
         self.in_progress = None;
-        self.state = Some(unplanned_state(Some(log_id)));
+        self.state = Some(state);
+    }
+
+    /// Records that entry `log_id` was applied other than by a held plan.
+    fn applied_unplanned(&mut self, log_id: LogId<u64>) {
+        self.applied(log_id, unplanned_state(Some(log_id)));
     }
 }
 
@@ -362,9 +367,7 @@ fn apply_planned(
     let held = marker.state_token() == plan.base;
     observer.plan_applied(held);
     if held {
-        marker.last_applied = Some(log_id);
-        marker.in_progress = None;
-        marker.state = Some(plan.token);
+        marker.applied(log_id, plan.token);
         let bytes = encode(&*marker).map_err(|e| sm_write_err(&e))?;
         let boundaries = store
             .apply_rows(&plan.heads, &plan.rows.0, &bytes)

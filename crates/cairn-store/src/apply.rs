@@ -346,16 +346,8 @@ impl Store {
             observed: self.observed_prefixes(appends),
             ..Pending::default()
         };
-        let mut outcomes = Vec::with_capacity(appends.len());
         let mut rows = self.batch_rows(&mut batch)?;
-        for append in appends {
-            match self.plan_append(append, &mut rows, &mut pending) {
-                Ok(outcome) => outcomes.push(outcome),
-                Err(Planned::Rejected(e)) => outcomes.push(Err(e)),
-                Err(Planned::Storage(e)) => return Err(e),
-            }
-        }
-        pending.write_tags(&mut rows);
+        let (outcomes, _) = self.plan_run(appends, &mut rows, &mut pending)?;
         batch.put_cf(self.cf(CF_SM_META)?, meta::APPLIED, marker);
         self.write(batch)?;
         let update = pending.into_update();
@@ -364,6 +356,26 @@ impl Store {
             update(c);
         });
         Ok(outcomes)
+    }
+
+    /// Plans each append of a run in turn on `pending` (each sees the ones before it), then
+    /// the run's posting-list rows; returns each append's outcome and the rows as written.
+    pub(crate) fn plan_run<'a>(
+        &self,
+        appends: &[&'a Append],
+        rows: &mut impl RowSink,
+        pending: &mut Pending<'a>,
+    ) -> Result<(Vec<Outcome>, Vec<TagRow>), StoreError> {
+        let mut outcomes = Vec::with_capacity(appends.len());
+        for append in appends {
+            match self.plan_append(append, rows, pending) {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(Planned::Rejected(e)) => outcomes.push(Err(e)),
+                Err(Planned::Storage(e)) => return Err(e),
+            }
+        }
+        let tag_rows = pending.write_tags(rows);
+        Ok((outcomes, tag_rows))
     }
 
     /// The posting lists that appends of a run check after the first one: only those can
@@ -391,7 +403,7 @@ impl Store {
         observed
     }
 
-    pub(crate) fn plan_append<'a>(
+    fn plan_append<'a>(
         &self,
         append: &'a Append,
         rows: &mut impl RowSink,
@@ -721,7 +733,7 @@ impl Pending<'_> {
     /// members follow one another in order.
     /// Writes the posting-list rows started so far, merging rows of one list and write
     /// that were started apart; returns them as written (sorted by key).
-    pub(crate) fn write_tags(&mut self, sink: &mut impl RowSink) -> Vec<TagRow> {
+    fn write_tags(&mut self, sink: &mut impl RowSink) -> Vec<TagRow> {
         self.tag_rows.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         let mut rows = self.tag_rows.drain(..).peekable();
         let mut written = Vec::with_capacity(rows.len());
@@ -771,7 +783,7 @@ impl TagRow {
 }
 
 /// Why planning stopped.
-pub(crate) enum Planned {
+enum Planned {
     /// A deterministic domain rejection.
     Rejected(Error),
     /// Storage failed.

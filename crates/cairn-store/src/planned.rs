@@ -18,7 +18,7 @@ use std::sync::Arc;
 use cairn_core::command::{Append, Outcome};
 use rocksdb::{ColumnFamily, WriteBatch};
 
-use crate::apply::{Pending, Planned, TagRow};
+use crate::apply::{Pending, TagRow};
 use crate::keys::{MAX_VARINT_BYTES, meta, split_varint, varint};
 use crate::{CF_EVENT_IDS, CF_EVENTS, CF_SM_META, CF_TAGS, CF_WRITES, Store, StoreError};
 
@@ -202,15 +202,7 @@ impl Store {
             }
         }
         let mut rows = EncodedRows::default();
-        let mut outcomes = Vec::with_capacity(appends.len());
-        for append in appends {
-            match self.plan_append(append, &mut rows, &mut pending) {
-                Ok(outcome) => outcomes.push(outcome),
-                Err(Planned::Rejected(e)) => outcomes.push(Err(e)),
-                Err(Planned::Storage(e)) => return Err(e),
-            }
-        }
-        let tag_rows = pending.write_tags(&mut rows);
+        let (outcomes, tag_rows) = self.plan_run(appends, &mut rows, &mut pending)?;
         let mut heads: Vec<(u32, u64)> = pending
             .heads
             .iter()

@@ -271,19 +271,26 @@ fn expand_number(lit: &str) -> Option<String> {
         // Already plain decimal: the common case, no allocation games.
         return Some(strip_leading_zeros(negative, int_part, frac_part));
     }
-    let digits: String = format!("{int_part}{frac_part}");
-    let scale = frac_part.len() as i64 - exponent;
-    let expanded_len = digits.len() as i64 + scale.unsigned_abs() as i64;
-    if expanded_len > MAX_NUMBER_EXPANSION as i64 {
+    // The exponent is the client's (any i64): i128 holds the scale and the expansion's
+    // length for every such exponent, so nothing wraps past the guard (with overflow checks
+    // off, `1e+9223372036854775807` once wrapped to a small length and asked for
+    // `"0".repeat(i64::MAX)`).
+    let digit_count = int_part.len() + frac_part.len();
+    let scale = i128::try_from(frac_part.len()).ok()? - i128::from(exponent);
+    let expanded_len = i128::try_from(digit_count).ok()? + scale.abs();
+    if expanded_len > MAX_NUMBER_EXPANSION as i128 {
         return None;
     }
+    // Within the guard, |scale| ≤ MAX_NUMBER_EXPANSION.
+    let scale = isize::try_from(scale).ok()?;
+    let digits: String = format!("{int_part}{frac_part}");
     let (int_digits, frac_digits) = if scale <= 0 {
         (
-            format!("{digits}{}", "0".repeat((-scale) as usize)),
+            format!("{digits}{}", "0".repeat(scale.unsigned_abs())),
             String::new(),
         )
     } else {
-        let scale = scale as usize;
+        let scale = scale.unsigned_abs();
         let padded = if digits.len() <= scale {
             format!("{}{digits}", "0".repeat(scale - digits.len() + 1))
         } else {
@@ -352,6 +359,53 @@ mod tests {
             assert_eq!(number_text(lit), want, "{lit}");
         }
         assert_eq!(number_text("1e999999"), "1e999999");
+    }
+
+    /// Exponents at the ends of i64 keep their literal (review C1: with overflow checks
+    /// off they wrapped past the expansion guard and aborted the process).
+    #[test]
+    fn extreme_exponents_keep_their_literal() {
+        for lit in [
+            "1e+9223372036854775807",
+            "1e9223372036854775807",
+            "1e-9223372036854775808",
+            "0.5e+9223372036854775807",
+            "-0.5e+9223372036854775807",
+            "5e-9223372036854775807",
+            "123.456e-9223372036854775808",
+            "1e+9223372036854775806",
+            "00e9223372036854775807",
+            "1e99999999999999999999",
+            "1e-99999999999999999999",
+        ] {
+            assert_eq!(number_text(lit), lit, "{lit}");
+        }
+        // At the guard: exactly MAX_NUMBER_EXPANSION characters expand, one more does not.
+        let at_limit = format!("1e{}", MAX_NUMBER_EXPANSION - 1);
+        assert_eq!(number_text(&at_limit).len(), MAX_NUMBER_EXPANSION);
+        let past = format!("1e{MAX_NUMBER_EXPANSION}");
+        assert_eq!(number_text(&past), past);
+        let small = format!("1e-{}", MAX_NUMBER_EXPANSION - 1);
+        assert_eq!(number_text(&small).len(), MAX_NUMBER_EXPANSION + 1);
+        assert_eq!(
+            number_text(&small),
+            format!("0.{}1", "0".repeat(MAX_NUMBER_EXPANSION - 2))
+        );
+    }
+
+    #[test]
+    fn extreme_exponents_in_payloads_are_stored_and_indexed_by_their_literal() {
+        let what = || "d".to_string();
+        let data = canonicalize(
+            r#"{"a":1e+9223372036854775807,"b":1e-9223372036854775808,"c":0.5e+9223372036854775807}"#,
+            Payload::Data,
+            &what,
+        )
+        .expect("valid JSON numbers");
+        let s: BTreeMap<_, _> = data.scalars.into_iter().collect();
+        assert_eq!(s["a"], "1e+9223372036854775807");
+        assert_eq!(s["b"], "1e-9223372036854775808");
+        assert_eq!(s["c"], "0.5e+9223372036854775807");
     }
 
     #[test]

@@ -232,3 +232,116 @@ async fn ten_thousand_criterion_queries_are_invalid_argument() {
     assert_eq!(found.len(), 10);
     still_serving(&server).await;
 }
+
+/// Review C1: exponents at the ends of i64 once wrapped past the expansion guard in builds
+/// without overflow checks and aborted the process. Each is stored with its literal text,
+/// indexed by it, and the node keeps serving.
+#[tokio::test]
+async fn extreme_number_exponents_are_stored_and_matched_by_their_literal() {
+    let server = TestServer::start().await;
+    let mut c = server.client();
+    let literals = [
+        "1e+9223372036854775807",
+        "1e9223372036854775807",
+        "1e-9223372036854775808",
+        "0.5e+9223372036854775807",
+        "-7.25E-9223372036854775807",
+        "1e99999999999999999999",
+    ];
+    for literal in literals {
+        let data = format!(r#"{{"n":{literal},"k":"exp"}}"#);
+        c.save("default", vec![event("Num", &data)], vec![])
+            .await
+            .unwrap_or_else(|s| panic!("{literal}: {s:?}"));
+    }
+    let stored = c.read_all("default").await;
+    assert_eq!(stored.len(), literals.len());
+    let spelling = |t: &str| t.to_ascii_lowercase().replace("e+", "e");
+    for (literal, event) in literals.iter().zip(&stored) {
+        let value: serde_json::Value = serde_json::from_str(&event.data).expect("stored JSON");
+        // Stored as serde_json spells it (`e+` for a positive exponent), the value unchanged.
+        let stored_literal = value["n"].to_string();
+        assert_eq!(spelling(&stored_literal), spelling(literal));
+        let same_value = literals
+            .iter()
+            .filter(|l| spelling(l) == spelling(literal))
+            .count();
+        let found = c
+            .read(
+                "default",
+                Some(query(vec![criterion(&[("n", &stored_literal)])])),
+                None,
+                10,
+                pb::Direction::Asc,
+            )
+            .await
+            .expect("read by the literal");
+        assert_eq!(
+            found.len(),
+            same_value,
+            "{literal} is indexed by its literal text"
+        );
+    }
+    still_serving(&server).await;
+}
+
+/// Write ids and positions at the ends of i64 are answered, never overflowed (review: the
+/// write-context lookup computed `prepare + 1`).
+#[tokio::test]
+async fn edge_write_ids_and_positions_are_answered() {
+    let server = TestServer::start().await;
+    let mut c = server.client();
+    c.save("default", vec![event("T", "{}")], vec![])
+        .await
+        .expect("one event");
+    let max = i64::MAX.to_string();
+    for (write_id, want) in [
+        (format!("0:{max}"), Code::NotFound),
+        (format!("{max}:{max}"), Code::NotFound),
+        (format!("{max}:0"), Code::NotFound),
+        (format!("{max}:9223372036854775806"), Code::NotFound),
+        ("9223372036854775808:0".to_string(), Code::InvalidArgument),
+        ("0:9223372036854775808".to_string(), Code::InvalidArgument),
+        ("-1:0".to_string(), Code::InvalidArgument),
+    ] {
+        let status =
+            c.es.get_write_context(pb::GetWriteContextRequest {
+                boundary: "default".into(),
+                write_id: write_id.clone(),
+            })
+            .await
+            .expect_err("no such write");
+        assert_eq!(status.code(), want, "{write_id}: {status:?}");
+    }
+    for (commit, prepare) in [
+        (i64::MAX, i64::MAX),
+        (i64::MAX, 0),
+        (1, i64::MAX),
+        (i64::MIN, i64::MIN),
+        (0, i64::MIN),
+        (i64::MAX, i64::MIN),
+    ] {
+        for direction in [pb::Direction::Asc, pb::Direction::Desc] {
+            let page = c
+                .read("default", None, Some(pos(commit, prepare)), 10, direction)
+                .await;
+            assert!(
+                matches!(&page, Ok(_))
+                    || matches!(&page, Err(s) if s.code() == Code::InvalidArgument),
+                "({commit}, {prepare}) {direction:?}: {page:?}"
+            );
+        }
+    }
+    let page = c
+        .read(
+            "default",
+            None,
+            Some(pos(i64::MAX, i64::MAX)),
+            10,
+            pb::Direction::Desc,
+        )
+        .await
+        .expect("DESC from past the end");
+    assert_eq!(page.len(), 1);
+    still_serving(&server).await;
+}

@@ -31,7 +31,7 @@ use rocksdb::{
 pub use catalog::{Catalog, Lease};
 pub use checkpoint::{pack_dir, unpack_dir};
 pub use planned::{PlannedRun, Speculation};
-pub use read::{Direction, ReadStart};
+pub use read::{Direction, PageLimit, ReadStart, event_bytes};
 
 /// Raft log entries, by index (written by cairn-raft).
 pub const CF_RAFT_LOG: &str = "raft_log";
@@ -124,6 +124,29 @@ pub enum StoreError {
         found: u32,
         /// Format this build reads and writes.
         supported: u32,
+    },
+    /// RocksDB found the database damaged when opening it (a truncated or altered file).
+    #[error(
+        "the database under {path} is damaged, nothing was changed: {detail}. On a cluster \
+         member, move the data directory aside and let the node rejoin from its peers; on a \
+         single node, restore a backup (docs/operations.md, \"A damaged data directory\")"
+    )]
+    Damaged {
+        /// The database directory.
+        path: PathBuf,
+        /// RocksDB's report, which names the damaged file.
+        detail: String,
+    },
+    /// The directory holds a RocksDB database some other program wrote.
+    #[error(
+        "{path} holds a RocksDB database that Cairn did not write (column families: {families}); \
+         nothing was changed: point --data-dir at an empty directory or at a Cairn one"
+    )]
+    Foreign {
+        /// The database directory.
+        path: PathBuf,
+        /// The column families it has.
+        families: String,
     },
 }
 
@@ -222,7 +245,7 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
     db_opts.set_atomic_flush(true);
 
     let cache = Cache::new_lru_cache(opts.block_cache_bytes);
-    let cfs = ALL_CFS
+    let mut cfs = ALL_CFS
         .iter()
         .map(|name| {
             let mut cf_opts = Options::default();
@@ -267,7 +290,16 @@ fn db_options(opts: &StoreOptions) -> (Options, Vec<ColumnFamilyDescriptor>) {
             cf_opts.set_compression_type(compression);
             ColumnFamilyDescriptor::new(*name, cf_opts)
         })
-        .collect();
+        .collect::<Vec<_>>();
+    // Unused, but RocksDB preallocates each WAL file at 1.1 times the largest memtable of
+    // any family, this one's included (64 MiB unless set): with it sized like the others,
+    // a small disk is not taken by an empty WAL.
+    let mut default_opts = Options::default();
+    default_opts.set_write_buffer_size(opts.memtable_bytes);
+    cfs.push(ColumnFamilyDescriptor::new(
+        rocksdb::DEFAULT_COLUMN_FAMILY_NAME,
+        default_opts,
+    ));
     (db_opts, cfs)
 }
 
@@ -318,8 +350,26 @@ impl Store {
         let path = path.as_ref().to_path_buf();
         std::fs::create_dir_all(&path)
             .map_err(|e| StoreError::io(format!("failed to create {}", path.display()), e))?;
+        let damaged = |e: rocksdb::Error| match e.kind() {
+            rocksdb::ErrorKind::Corruption => StoreError::Damaged {
+                path: path.clone(),
+                detail: e.into_string(),
+            },
+            _ => StoreError::Rocks(e),
+        };
+        // Opening creates missing column families: look first, so that another program's
+        // database is refused instead of being written into.
+        if path.join("CURRENT").exists() {
+            let families = DB::list_cf(&Options::default(), &path).map_err(damaged)?;
+            if !families.iter().any(|f| f == CF_SM_META) {
+                return Err(StoreError::Foreign {
+                    path,
+                    families: families.join(", "),
+                });
+            }
+        }
         let (db_opts, cfs) = db_options(opts);
-        let db = DB::open_cf_descriptors(&db_opts, &path, cfs)?;
+        let db = DB::open_cf_descriptors(&db_opts, &path, cfs).map_err(damaged)?;
         for name in ALL_CFS {
             if db.cf_handle(name).is_none() {
                 return Err(StoreError::MissingColumnFamily(name));
@@ -432,6 +482,58 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_truncated_table_file_is_reported_by_name_and_nothing_changes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let opts = StoreOptions::default();
+        let store = Store::open(dir.path(), &opts).expect("create");
+        store
+            .db()
+            .put_cf(store.cf(CF_EVENTS).expect("cf"), b"k", b"v")
+            .expect("put");
+        store.flush().expect("flush");
+        drop(store);
+        let sst = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").path())
+            .find(|p| p.extension().is_some_and(|x| x == "sst"))
+            .expect("a table file");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&sst)
+            .expect("open")
+            .set_len(10)
+            .expect("truncate");
+        let err = Store::open(dir.path(), &opts).expect_err("damaged");
+        let message = err.to_string();
+        assert!(matches!(err, StoreError::Damaged { .. }), "{message}");
+        let name = sst
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        assert!(message.contains(&name), "{message}");
+        assert!(message.contains("rejoin"), "{message}");
+        assert_eq!(std::fs::metadata(&sst).expect("stat").len(), 10);
+    }
+
+    #[test]
+    fn another_programs_database_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let mut opts = Options::default();
+            opts.create_if_missing(true);
+            opts.create_missing_column_families(true);
+            let db = DB::open_cf(&opts, dir.path(), ["theirs"]).expect("their database");
+            db.put(b"their", b"data").expect("put");
+        }
+        let err = Store::open(dir.path(), &StoreOptions::default()).expect_err("foreign");
+        assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+        assert!(err.to_string().contains("theirs"), "{err}");
+        let families = DB::list_cf(&Options::default(), dir.path()).expect("list");
+        assert_eq!(families, vec!["default".to_string(), "theirs".to_string()]);
+    }
 
     #[test]
     fn the_format_is_recorded_on_create_and_checked_on_open() {

@@ -75,6 +75,10 @@ pub enum Error {
     /// A fault in the server.
     #[error("internal server error: {0}")]
     Internal(String),
+    /// The server is at one of its documented limits (password checks, subscriptions per
+    /// user, bytes in flight): nothing was changed; retry after a pause.
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
     /// The client's configuration is unusable (bad endpoint, credentials that are not
     /// ASCII, TLS asked of a build without it).
     #[error("invalid client configuration: {0}")]
@@ -131,6 +135,7 @@ impl Error {
             cairn_core::Error::NotFound(m) => Error::NotFound(m),
             cairn_core::Error::Unavailable(m) => Error::Unavailable(m),
             cairn_core::Error::Internal(m) => Error::Internal(m),
+            cairn_core::Error::ResourceExhausted(m) => Error::ResourceExhausted(m),
         }
     }
 }

@@ -270,6 +270,30 @@ impl<'de> Deserialize<'de> for Bytes {
 }
 
 impl Command {
+    /// Whether the command is one of the few bytes a node itself writes to keep serving:
+    /// a subscription's lease (a row that exists while the subscription does) or a start-up
+    /// declaration (the admin user, the declared boundaries, the token key; written once,
+    /// no-ops afterwards). A node short of disk space still takes these, so that a full
+    /// disk neither ends every subscription nor keeps a restarted node from serving reads,
+    /// while it refuses everything a client adds.
+    pub fn is_upkeep(&self) -> bool {
+        match self {
+            Command::AcquireLease { .. }
+            | Command::ReleaseLease { .. }
+            | Command::InitTokenKey { .. } => true,
+            Command::CreateBoundary { if_absent, .. } | Command::CreateUser { if_absent, .. } => {
+                *if_absent
+            }
+            Command::Batch(commands) => commands.iter().all(Command::is_upkeep),
+            Command::Append(_)
+            | Command::CreateIndex { .. }
+            | Command::DropIndex { .. }
+            | Command::DeleteUser { .. }
+            | Command::SetPassword { .. }
+            | Command::Planned(_) => false,
+        }
+    }
+
     /// Sets every timestamp the command carries into the state to `now_unix_nanos`. The
     /// leader's proposer calls it just before proposing, so the clock that stamps an entry is
     /// the leader's, whichever node received the request, and every replica stores the same
@@ -366,6 +390,38 @@ mod tests {
             updated_unix_nanos: 1,
             credential_generation: 0,
         }
+    }
+
+    #[test]
+    fn only_leases_and_start_up_declarations_are_upkeep() {
+        let acquire = Command::AcquireLease {
+            boundary: "b".into(),
+            subscriber: "s".into(),
+            holder: "h".into(),
+            at_unix_nanos: 1,
+            ttl_nanos: 1,
+        };
+        let release = Command::ReleaseLease {
+            boundary: "b".into(),
+            subscriber: "s".into(),
+            holder: "h".into(),
+        };
+        let append = Command::Append(Append {
+            boundary: "b".into(),
+            observations: vec![],
+            events: vec![],
+            at_unix_nanos: 1,
+        });
+        assert!(acquire.is_upkeep());
+        assert!(Command::Batch(vec![acquire.clone(), release.clone()]).is_upkeep());
+        assert!(!append.is_upkeep());
+        assert!(!Command::Batch(vec![acquire, append]).is_upkeep());
+        assert!(
+            !Command::DeleteUser {
+                user_id: "u".into()
+            }
+            .is_upkeep()
+        );
     }
 
     #[test]

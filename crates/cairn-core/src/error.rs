@@ -64,6 +64,11 @@ pub enum Error {
         /// Why this is not a retry of the stored write.
         reason: EventIdReuse,
     },
+    /// A server-side limit on concurrent work or memory is reached (password checks,
+    /// subscriptions, bytes in flight); nothing was changed, retry later. Last, so that
+    /// the encoding of the variants before it is unchanged.
+    #[error("{0}")]
+    ResourceExhausted(String),
 }
 
 /// Why a write that reuses a stored event id is not an identical retry (X1).

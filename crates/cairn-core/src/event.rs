@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::json::{Payload, canonicalize, tag_set};
-use crate::limits::{MAX_EVENT_ID_BYTES, MAX_EVENT_TYPE_BYTES, MAX_EVENTS_PER_WRITE};
+use crate::limits::{
+    MAX_EVENT_ID_BYTES, MAX_EVENT_TYPE_BYTES, MAX_EVENTS_PER_WRITE, MAX_TAGS_PER_EVENT,
+};
 use crate::{Error, Position, Tag};
 
 /// An event exactly as a client sent it.
@@ -70,6 +72,14 @@ impl NewEvent {
         let metadata = canonicalize(&raw.metadata, Payload::Metadata, &|| {
             format!("event {index} metadata")
         })?;
+        // Every tag is a posting-list row written with the event.
+        if data.scalars.len() >= MAX_TAGS_PER_EVENT {
+            return Err(Error::invalid(format!(
+                "event {index} data has {} top-level scalars; the limit is {} (each is indexed)",
+                data.scalars.len(),
+                MAX_TAGS_PER_EVENT - 1
+            )));
+        }
         let tags = tag_set(data.scalars, &raw.event_type)
             .into_iter()
             .map(|(key, value)| Tag { key, value })
@@ -84,8 +94,8 @@ impl NewEvent {
     }
 }
 
-/// Validates the events of one write (E1).
-pub fn validate_events(raw: Vec<RawEvent>) -> Result<Vec<NewEvent>, Error> {
+/// Validates the events of one write (E1), each at most `max_event_bytes`.
+pub fn validate_events(raw: Vec<RawEvent>, max_event_bytes: usize) -> Result<Vec<NewEvent>, Error> {
     if raw.is_empty() {
         return Err(Error::invalid(
             "events is empty: a write needs at least one event",
@@ -99,7 +109,15 @@ pub fn validate_events(raw: Vec<RawEvent>) -> Result<Vec<NewEvent>, Error> {
     }
     raw.into_iter()
         .enumerate()
-        .map(|(i, e)| NewEvent::validate(e, i))
+        .map(|(index, e)| {
+            let size = e.event_id.len() + e.event_type.len() + e.data.len() + e.metadata.len();
+            if size > max_event_bytes {
+                return Err(Error::invalid(format!(
+                    "event {index} is {size} bytes (id, type, data and metadata); the limit is {max_event_bytes} (--max-event-bytes)"
+                )));
+            }
+            NewEvent::validate(e, index)
+        })
         .collect()
 }
 
@@ -157,12 +175,41 @@ mod tests {
         );
     }
 
+    const MAX: usize = crate::limits::DEFAULT_MAX_EVENT_BYTES;
+
     #[test]
     fn e1_required_fields() {
-        assert!(validate_events(vec![]).is_err());
-        assert!(validate_events(vec![raw("", "T", "")]).is_err());
-        let err = validate_events(vec![raw("a", "T", ""), raw("b", "", "")]).expect_err("type");
+        assert!(validate_events(vec![], MAX).is_err());
+        assert!(validate_events(vec![raw("", "T", "")], MAX).is_err());
+        let err =
+            validate_events(vec![raw("a", "T", ""), raw("b", "", "")], MAX).expect_err("type");
         assert_eq!(err.to_string(), "event 1: event_type is empty");
+    }
+
+    #[test]
+    fn events_are_limited_in_bytes_and_tags() {
+        let at_limit = format!(r#"{{"b":"{}"}}"#, "x".repeat(100 - 10));
+        assert_eq!(at_limit.len() + 2, 100);
+        validate_events(vec![raw("a", "T", &at_limit)], 100).expect("at the limit");
+        let err = validate_events(
+            vec![raw("a", "T", &at_limit), raw("bb", "T", &at_limit)],
+            100,
+        )
+        .expect_err("one byte over");
+        assert_eq!(
+            err.to_string(),
+            "event 1 is 101 bytes (id, type, data and metadata); the limit is 100 (--max-event-bytes)"
+        );
+        let wide = |keys: usize| {
+            let fields: Vec<String> = (0..keys).map(|k| format!(r#""k{k}":{k}"#)).collect();
+            format!("{{{}}}", fields.join(","))
+        };
+        let widest = validate_events(vec![raw("a", "T", &wide(MAX_TAGS_PER_EVENT - 1))], MAX)
+            .expect("eventType makes the last tag");
+        assert_eq!(widest[0].tags.len(), MAX_TAGS_PER_EVENT);
+        let err = validate_events(vec![raw("a", "T", &wide(MAX_TAGS_PER_EVENT))], MAX)
+            .expect_err("one tag too many");
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     }
 
     #[test]

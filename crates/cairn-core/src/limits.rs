@@ -26,3 +26,17 @@ pub const MAX_NUMBER_EXPANSION: usize = 1024;
 pub const MAX_USERNAME_BYTES: usize = 256;
 /// Maximum length of a password (argon2 input).
 pub const MAX_PASSWORD_BYTES: usize = 1024;
+/// Tags of one event, `eventType` included: each is a posting-list row written with it.
+pub const MAX_TAGS_PER_EVENT: usize = 1024;
+/// Maximum length in bytes of a subscriber name (the name of a replicated lease).
+pub const MAX_SUBSCRIBER_NAME_BYTES: usize = 256;
+/// Default largest event (id, type, data and metadata as sent): KurrentDB's default
+/// largest append. Every event of a read page is held in memory while the page is built,
+/// and every event travels in one Raft entry to every replica.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 1024 * 1024;
+/// Default byte budget of one read response (a GetEvents page, a subscription page): a page
+/// ends at the event that reaches it (never fewer than one event), and the client pages on
+/// from the last event it received. A response is at most the budget plus one event plus
+/// each event's framing: at 2 MiB with 1 MiB events it stays inside the 4 MiB that stock
+/// gRPC clients accept by default.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 2 * 1024 * 1024;

@@ -78,6 +78,7 @@ pub fn to_status(error: Error) -> Status {
         Error::NotFound(_) => (Code::NotFound, None),
         Error::Unavailable(_) => (Code::Unavailable, None),
         Error::Internal(_) => (Code::Internal, None),
+        Error::ResourceExhausted(_) => (Code::ResourceExhausted, None),
         Error::EventIdExists {
             boundary,
             event_id,
@@ -178,11 +179,10 @@ pub fn from_status(status: &Status) -> Error {
             None => Error::AlreadyExists(message),
         },
         Code::NotFound => Error::NotFound(message),
-        Code::Unavailable
-        | Code::DeadlineExceeded
-        | Code::Cancelled
-        | Code::Aborted
-        | Code::ResourceExhausted => Error::Unavailable(message),
+        Code::ResourceExhausted => Error::ResourceExhausted(message),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+            Error::Unavailable(message)
+        }
         Code::Internal | Code::Unknown | Code::Unimplemented | Code::DataLoss | Code::Ok => {
             Error::Internal(message)
         }

@@ -30,7 +30,7 @@ pub use network::{Network, NoPeers, PeerLink, PeerTransport, RpcResult};
 pub use node::{ClusterView, Member, RaftNode, Role};
 pub use proposal::Proposal;
 pub use proposer::DEFAULT_MAX_INFLIGHT_BATCHES;
-pub use state_machine::StateMachine;
+pub use state_machine::{MAX_SNAPSHOT_ID_BYTES, StateMachine, valid_snapshot_id};
 
 /// Receives state-machine events, so the server can export metrics without this crate
 /// knowing about Prometheus.

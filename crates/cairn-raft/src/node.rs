@@ -396,6 +396,32 @@ impl RaftNode {
         self.node_id
     }
 
+    /// Why Raft stopped on its own, if it did: a storage error applying an entry or
+    /// writing the log (a full disk, a failing one). Such a node can neither write nor
+    /// catch up; it must be restarted.
+    pub fn fatal(&self) -> Option<String> {
+        self.raft
+            .metrics()
+            .borrow()
+            .running_state
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+    }
+
+    /// Resolves with the reason once Raft has stopped on its own (never, while it runs).
+    pub async fn stopped(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped".to_string();
+            }
+        }
+    }
+
     /// Stops openraft, flushes memtables and syncs the WAL.
     pub async fn shutdown(&self) -> Result<(), RaftError> {
         self.proposer.stop();

@@ -514,6 +514,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         out.sync_all().await.map_err(|e| snap_err(&e))?;
         drop(out);
 
+        // The peer port refuses such ids before they get here; a second check costs nothing.
+        if !valid_snapshot_id(&meta.snapshot_id) {
+            return Err(snap_err(AnyError::error(format!(
+                "refusing snapshot {:?}: not a snapshot id",
+                meta.snapshot_id
+            ))));
+        }
         let meta_bytes = serde_json::to_vec_pretty(meta).map_err(|e| snap_err(&e))?;
         let store = self.store.clone();
         let snapshots = self.snapshots.clone();
@@ -562,6 +569,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let Some(meta) = SnapshotDir::read_meta(&current)? else {
                 return Ok(None);
             };
+            if !valid_snapshot_id(&meta.snapshot_id) {
+                return Err(sm_read_err(AnyError::error(format!(
+                    "the current snapshot's id {:?} is not a snapshot id",
+                    meta.snapshot_id
+                ))));
+            }
             let pack = snapshots.path.join(format!("{}.pack", meta.snapshot_id));
             if !pack.exists() {
                 let tmp = snapshots
@@ -586,6 +599,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             snapshot: Box::new(tokio::fs::File::from_std(file)),
         }))
     }
+}
+
+/// Longest snapshot id accepted from a peer.
+pub const MAX_SNAPSHOT_ID_BYTES: usize = 64;
+
+/// True for a snapshot id this node could have built (`<term>-<index>-<nanos>`,
+/// `empty-<nanos>`): ASCII letters, digits and dashes, 1 to [`MAX_SNAPSHOT_ID_BYTES`].
+/// A peer's id becomes part of a file name; anything else (`../x`) could name a path
+/// outside the snapshot directory.
+pub fn valid_snapshot_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_SNAPSHOT_ID_BYTES
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 /// Builds checkpoint snapshots in openraft's background task.
@@ -644,6 +670,31 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn snapshot_ids_from_peers_cannot_name_other_paths() {
+        for ok in [
+            "3-120-1733212345678901234",
+            "empty-1733212345678901234",
+            "a",
+        ] {
+            assert!(super::valid_snapshot_id(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "../x",
+            "..",
+            "a/b",
+            "a\\b",
+            "/etc/passwd",
+            "x.pack",
+            "ä",
+            "a b",
+            &"1".repeat(super::MAX_SNAPSHOT_ID_BYTES + 1),
+        ] {
+            assert!(!super::valid_snapshot_id(bad), "{bad:?}");
+        }
+    }
+
     use super::*;
     use cairn_core::event::{NewEvent, RawEvent};
     use cairn_store::{Direction, ReadStart, StoreOptions};
@@ -692,7 +743,7 @@ mod tests {
                 &Default::default(),
                 ReadStart::Edge,
                 Direction::Asc,
-                100,
+                cairn_store::PageLimit::events(100),
             )
             .expect("read")
             .into_iter()

@@ -11,7 +11,7 @@ use cairn_proto::orisun::admin_server::Admin;
 use cairn_proto::to_status;
 use tonic::{Request, Response, Status};
 
-use crate::auth::{Principal, hash_password};
+use crate::auth::Principal;
 use crate::rpc::{node_of, reply};
 use crate::state::{NodeState, Ready};
 
@@ -62,12 +62,6 @@ fn check_password_shape(password: &str, what: &str) -> Result<(), Error> {
     Ok(())
 }
 
-async fn hash(password: String) -> Result<String, Error> {
-    tokio::task::spawn_blocking(move || hash_password(&password))
-        .await
-        .map_err(|e| Error::internal(format!("password hashing task failed: {e}")))?
-}
-
 /// Creates a user (also used for the bootstrap admin with `if_absent`).
 pub async fn create_user(
     node: &NodeState,
@@ -93,7 +87,7 @@ pub async fn create_user(
         user_id: uuid::Uuid::new_v4().to_string(),
         name,
         username,
-        password_hash: hash(password).await?,
+        password_hash: node.auth.hash_password(password).await?,
         roles,
         // Stamped by the leader's proposer.
         created_unix_nanos: 0,
@@ -248,7 +242,7 @@ impl Admin for AdminService {
             }
             node.execute(Command::SetPassword {
                 user_id: req.user_id,
-                password_hash: hash(req.new_password).await?,
+                password_hash: node.auth.hash_password(req.new_password).await?,
                 at_unix_nanos: 0, // stamped by the leader's proposer
             })
             .await?;

@@ -10,15 +10,15 @@
 //! Passwords are stored as argon2id PHC strings. Verifying one costs tens of milliseconds
 //! by design, so a successful Basic login is remembered under the SHA-256 of
 //! `username:password` (never the password itself) together with the credential generation
-//! it was verified against; a password change invalidates the entry.
+//! it was verified against; a password change invalidates the entry. Every other check runs
+//! on [`PasswordChecks`]' own threads, bounded, shared by identical concurrent logins and
+//! backed off after failures (see [`crate::password`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use argon2::Argon2;
-use argon2::password_hash::rand_core::OsRng;
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use cairn_core::Error;
@@ -28,6 +28,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::methods::Access;
+use crate::password::{CheckResult, PasswordChecks};
 
 /// Response/request header carrying a session token.
 pub const TOKEN_HEADER: &str = "x-auth-token";
@@ -96,26 +97,6 @@ pub fn is_public(path: &str) -> bool {
     crate::methods::lookup(path).is_some_and(|m| m.access == Access::Public)
 }
 
-/// Hashes a password (argon2id, random salt). CPU-heavy: call from `spawn_blocking`.
-pub fn hash_password(password: &str) -> Result<String, Error> {
-    let salt = SaltString::generate(&mut OsRng);
-    Argon2::default()
-        .hash_password(password.as_bytes(), &salt)
-        .map(|h| h.to_string())
-        .map_err(|e| Error::internal(format!("failed to hash password: {e}")))
-}
-
-/// Checks a password against a PHC hash. CPU-heavy: call from `spawn_blocking`.
-pub fn verify_password(hash: &str, password: &str) -> bool {
-    PasswordHash::new(hash)
-        .map(|parsed| {
-            Argon2::default()
-                .verify_password(password.as_bytes(), &parsed)
-                .is_ok()
-        })
-        .unwrap_or(false)
-}
-
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -126,6 +107,7 @@ fn now_secs() -> u64 {
 pub struct Authenticator {
     store: Store,
     token_ttl: Duration,
+    passwords: Arc<PasswordChecks>,
     basic_cache: Mutex<HashMap<[u8; 32], (String, u64)>>,
     tokens: Mutex<TokenCache>,
 }
@@ -167,6 +149,9 @@ pub enum AuthFailure {
     BadPassword,
     /// Token expired, forged, or revoked.
     BadToken,
+    /// Not checked: too many password checks in progress, or too many failures of this
+    /// user name or client address (RESOURCE_EXHAUSTED).
+    Throttled,
 }
 
 impl AuthFailure {
@@ -177,6 +162,7 @@ impl AuthFailure {
             AuthFailure::Malformed => "malformed",
             AuthFailure::BadPassword => "bad_password",
             AuthFailure::BadToken => "bad_token",
+            AuthFailure::Throttled => "throttled",
         }
     }
 
@@ -188,6 +174,7 @@ impl AuthFailure {
             AuthFailure::Malformed => "malformed authorization header: expected Basic credentials",
             AuthFailure::BadPassword => "invalid username or password",
             AuthFailure::BadToken => "invalid or expired session token",
+            AuthFailure::Throttled => "too many password checks: retry later",
         }
     }
 }
@@ -200,10 +187,11 @@ impl From<AuthFailure> for Error {
 
 impl Authenticator {
     /// An authenticator reading users and the token key from `store`'s catalog.
-    pub fn new(store: Store, token_ttl: Duration) -> Self {
+    pub fn new(store: Store, token_ttl: Duration, passwords: Arc<PasswordChecks>) -> Self {
         Authenticator {
             store,
             token_ttl,
+            passwords,
             basic_cache: Mutex::new(HashMap::new()),
             tokens: Mutex::new(TokenCache::default()),
         }
@@ -313,7 +301,11 @@ impl Authenticator {
         })
     }
 
-    async fn verify_basic(&self, header: &str) -> Result<Principal, (Error, AuthFailure)> {
+    async fn verify_basic(
+        &self,
+        header: &str,
+        addr: Option<IpAddr>,
+    ) -> Result<Principal, (Error, AuthFailure)> {
         let fail = |f: AuthFailure| (Error::from(f), f);
         let encoded = header
             .strip_prefix("Basic ")
@@ -330,24 +322,31 @@ impl Authenticator {
 
         let user = self
             .store
-            .with_catalog(|c| c.user_by_name(username).cloned())
-            .ok_or_else(|| fail(AuthFailure::BadPassword))?;
-        let cached = self
-            .basic_cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&fingerprint)
-            .cloned();
-        if cached == Some((user.user_id.clone(), user.credential_generation)) {
-            return Ok(Principal::of(&user));
+            .with_catalog(|c| c.user_by_name(username).cloned());
+        if let Some(user) = &user {
+            let cached = self
+                .basic_cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&fingerprint)
+                .cloned();
+            if cached == Some((user.user_id.clone(), user.credential_generation)) {
+                return Ok(Principal::of(user));
+            }
         }
-        let ok = self
-            .check_password(&user, password)
+        // An unknown name takes the same path as a wrong password: same check, same cost,
+        // same backoff.
+        let throttled = |e: Error| match e {
+            Error::ResourceExhausted(_) => (e, AuthFailure::Throttled),
+            other => (other, AuthFailure::BadPassword),
+        };
+        let result = self
+            .check(username, user.as_ref(), password, addr)
             .await
-            .map_err(|e| (e, AuthFailure::BadPassword))?;
-        if !ok {
+            .map_err(throttled)?;
+        let Some(user) = user.filter(|_| result == CheckResult::Matched) else {
             return Err(fail(AuthFailure::BadPassword));
-        }
+        };
         let mut cache = self.basic_cache.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= BASIC_CACHE_CAPACITY {
             cache.clear();
@@ -363,6 +362,7 @@ impl Authenticator {
     pub async fn authenticate(
         &self,
         headers: &http::HeaderMap,
+        addr: Option<IpAddr>,
     ) -> Result<Principal, (Error, AuthFailure)> {
         let token = headers
             .get(TOKEN_HEADER)
@@ -373,19 +373,59 @@ impl Authenticator {
         let token_result = token.map(|t| self.verify_token(t));
         match (token_result, basic) {
             (Some(Ok(p)), _) => Ok(p),
-            (_, Some(basic)) => self.verify_basic(basic).await,
+            (_, Some(basic)) => self.verify_basic(basic, addr).await,
             (Some(Err(e)), None) => Err((e, AuthFailure::BadToken)),
             (None, None) => Err((AuthFailure::Missing.into(), AuthFailure::Missing)),
         }
     }
 
-    /// Checks a user's current password (ChangePassword, ValidateCredentials).
+    /// Checks a user's current password (ChangePassword, ValidateCredentials), bounded and
+    /// backed off like a login.
     pub async fn check_password(&self, user: &UserRecord, password: &str) -> Result<bool, Error> {
-        let hash = user.password_hash.clone();
-        let password = password.to_string();
-        tokio::task::spawn_blocking(move || verify_password(&hash, &password))
-            .await
-            .map_err(|e| Error::internal(format!("password check task failed: {e}")))
+        let result = self
+            .check(&user.username, Some(user), password, None)
+            .await?;
+        Ok(result == CheckResult::Matched)
+    }
+
+    /// One bounded password check of `username` (`user`: its record, if it exists) from
+    /// `addr`, recorded for the backoff.
+    async fn check(
+        &self,
+        username: &str,
+        user: Option<&UserRecord>,
+        password: &str,
+        addr: Option<IpAddr>,
+    ) -> Result<CheckResult, Error> {
+        // Identical checks share one run and one verdict: the same stored hash (it changes
+        // with every password change) or the same unknown name, and the same password.
+        let mut digest = Sha256::new();
+        match user {
+            Some(user) => digest.update(user.password_hash.as_bytes()),
+            None => {
+                digest.update(b"\0unknown user\0");
+                digest.update(username.as_bytes());
+            }
+        }
+        digest.update(b"\0");
+        digest.update(password.as_bytes());
+        let fingerprint: [u8; 32] = digest.finalize().into();
+        // A repeat of a wrong guess costs nothing and is not a new guess.
+        if self.passwords.known_wrong(&fingerprint) {
+            return Ok(CheckResult::Wrong);
+        }
+        self.passwords.admit(username, addr)?;
+        let result = self
+            .passwords
+            .verify(fingerprint, user.map(|u| u.password_hash.clone()), password)
+            .await?;
+        self.passwords.record(username, addr, result);
+        Ok(result)
+    }
+
+    /// Hashes a new password on the password threads (bounded like checks).
+    pub async fn hash_password(&self, password: String) -> Result<String, Error> {
+        self.passwords.hash(password).await
     }
 }
 
@@ -445,7 +485,7 @@ mod tests {
     #[test]
     fn cached_tokens_still_die_with_their_credentials() {
         let (_dir, store, ann) = store_with_user();
-        let auth = Authenticator::new(store.clone(), Duration::from_secs(3600));
+        let auth = Authenticator::new(store.clone(), Duration::from_secs(3600), test_checks());
         let token = auth.issue_token(&ann).expect("issue");
         assert_eq!(auth.verify_token(&token).expect("valid"), ann);
         // Verified again from the cache.
@@ -479,7 +519,7 @@ mod tests {
     #[test]
     fn every_issued_token_expires_a_full_ttl_after_it_is_handed_out() {
         let (_dir, store, ann) = store_with_user();
-        let auth = Authenticator::new(store, Duration::from_secs(3600));
+        let auth = Authenticator::new(store, Duration::from_secs(3600), test_checks());
         for _ in 0..3 {
             let before = now_secs();
             let token = auth.issue_token(&ann).expect("issue");
@@ -491,13 +531,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn password_hashes_verify_and_are_not_plaintext() {
-        let hash = hash_password("s3cret").expect("hash");
-        assert!(hash.starts_with("$argon2id$"));
-        assert!(!hash.contains("s3cret"));
-        assert!(verify_password(&hash, "s3cret"));
-        assert!(!verify_password(&hash, "wrong"));
-        assert!(!verify_password("not a hash", "s3cret"));
+    fn test_checks() -> Arc<PasswordChecks> {
+        PasswordChecks::start(crate::password::PasswordLimits {
+            workers: 1,
+            queue: 8,
+        })
+        .expect("threads")
     }
 }

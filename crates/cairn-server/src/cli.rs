@@ -14,6 +14,9 @@ use tracing_subscriber::prelude::*;
 
 use crate::config::{Cli, Command, LogFormat};
 
+/// How long a node whose Raft stopped may take to shut down before it exits anyway.
+const FATAL_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Installs the log output. The filter is `target=level` directives with an optional
 /// default level ("info,openraft=warn"): tracing's `Targets`, which needs no regex engine
 /// (`EnvFilter`'s would add a minute to a cold build for span and field filters we do not
@@ -52,8 +55,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_tracing(args.log_format, &args.log)?;
             let config = args.validate()?;
             let server = crate::start(config).await.context("failed to start")?;
-            let signal = shutdown_signal().await?;
-            tracing::info!("received {signal}");
+            let fatal = server.fatal();
+            tokio::select! {
+                signal = shutdown_signal() => tracing::info!("received {}", signal?),
+                why = fatal => {
+                    // A zombie that answers probes helps nobody: stop, exit non-zero, and let
+                    // the supervisor (Kubernetes, systemd) restart the process, which replays
+                    // its log (docs/operations.md, "Storage errors").
+                    tracing::error!("raft stopped on a storage error, exiting: {why}");
+                    match tokio::time::timeout(FATAL_SHUTDOWN_WAIT, server.shutdown()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(
+                            "failed to shut down cleanly after the storage error: {e}"
+                        ),
+                        Err(_) => tracing::warn!(
+                            "shutting down after the storage error took over {}s; exiting anyway",
+                            FATAL_SHUTDOWN_WAIT.as_secs()
+                        ),
+                    }
+                    anyhow::bail!("raft stopped on a storage error: {why}");
+                }
+            }
             server
                 .shutdown()
                 .await
@@ -66,6 +88,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// Runs `cairn` with the process's arguments; errors are printed with their causes.
 pub fn main() -> ExitCode {
+    // Before any file is created: the data directory holds password hashes and the
+    // token-signing key (0600 files, 0700 directories).
+    crate::data_dir::private_umask();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -6,7 +6,7 @@ use std::time::Duration;
 use cairn_core::{Error, Query};
 use cairn_proto::cairn_v1 as pb;
 use cairn_raft::{ClusterView, RaftError, Role};
-use cairn_store::{Direction, ReadStart};
+use cairn_store::{Direction, PageLimit, ReadStart};
 
 use crate::state::NodeState;
 
@@ -68,7 +68,7 @@ pub async fn status(node: &NodeState) -> Result<pb::StatusResponse, Error> {
                         &Query::default(),
                         ReadStart::Edge,
                         Direction::Desc,
-                        1,
+                        PageLimit::events(1),
                     )?;
                     let (commit, prepare) = last
                         .first()

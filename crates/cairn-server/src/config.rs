@@ -68,6 +68,15 @@ pub mod defaults {
     pub const RAFT_ELECTION_TIMEOUT_MS: u64 = 1000;
     /// How long a call waits for a leader (during an election) before UNAVAILABLE.
     pub const LEADER_WAIT_MS: u64 = 10_000;
+    /// Free space writes leave on the data directory's filesystem, MiB: room for a
+    /// memtable flush, a compaction's output and a snapshot's checkpoint of a small store.
+    pub const MIN_FREE_DISK_MB: u64 = 256;
+    /// Open subscriptions per user per node.
+    pub const MAX_SUBSCRIPTIONS_PER_USER: usize = 64;
+    /// Open subscriptions per node.
+    pub const MAX_SUBSCRIPTIONS: usize = 4096;
+    /// Bytes of writes a node holds at once (requests waiting for Raft or the leader).
+    pub const MAX_WRITE_BYTES_IN_FLIGHT: usize = 512 * 1024 * 1024;
 }
 
 /// Smallest accepted `--cluster-secret` length.
@@ -215,6 +224,39 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
 
+    /// Largest event accepted, in bytes (its id, type, data and metadata as sent); a larger
+    /// one is INVALID_ARGUMENT. The default is KurrentDB's largest append: a read page holds
+    /// its events in memory and every event travels to every replica in one Raft entry.
+    #[arg(long, env = "CAIRN_MAX_EVENT_BYTES", default_value_t = cairn_core::limits::DEFAULT_MAX_EVENT_BYTES)]
+    pub max_event_bytes: usize,
+
+    /// Byte budget of one read response (a GetEvents page, a subscription page): the page
+    /// ends with the event that reaches it (at least one event), and the client continues
+    /// from the last event it received. Keep the budget plus --max-event-bytes below what
+    /// clients accept in one message (stock gRPC clients: 4 MiB).
+    #[arg(long, env = "CAIRN_MAX_RESPONSE_BYTES", default_value_t = cairn_core::limits::DEFAULT_MAX_RESPONSE_BYTES)]
+    pub max_response_bytes: usize,
+
+    /// Open subscriptions one user may hold on this node; the next is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "CAIRN_MAX_SUBSCRIPTIONS_PER_USER", default_value_t = defaults::MAX_SUBSCRIPTIONS_PER_USER)]
+    pub max_subscriptions_per_user: usize,
+
+    /// Open subscriptions on this node, all users together; the next is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "CAIRN_MAX_SUBSCRIPTIONS", default_value_t = defaults::MAX_SUBSCRIPTIONS)]
+    pub max_subscriptions: usize,
+
+    /// Bytes of writes this node holds at once: waiting for Raft, forwarded to the leader,
+    /// or (on the leader) forwarded to it by followers. A write beyond them is answered
+    /// RESOURCE_EXHAUSTED at once, nothing written: retry after a pause.
+    #[arg(long, env = "CAIRN_MAX_WRITE_BYTES_IN_FLIGHT", default_value_t = defaults::MAX_WRITE_BYTES_IN_FLIGHT)]
+    pub max_write_bytes_in_flight: usize,
+
+    /// Free space, in MiB, that writes leave on the data directory's filesystem: below it
+    /// a write is answered RESOURCE_EXHAUSTED (reads go on), so that the disk never fills
+    /// under RocksDB (which would stop the node). 0 turns the floor off.
+    #[arg(long, env = "CAIRN_MIN_FREE_DISK_MB", default_value_t = defaults::MIN_FREE_DISK_MB)]
+    pub min_free_disk_mb: u64,
+
     /// Build a Raft snapshot (which lets the log be truncated) every this many entries.
     #[arg(long, env = "CAIRN_SNAPSHOT_EVERY_ENTRIES", default_value_t = defaults::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every_entries: u64,
@@ -253,6 +295,54 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cut off.
     #[arg(long, env = "CAIRN_SHUTDOWN_GRACE_SECS", default_value_t = defaults::SHUTDOWN_GRACE_SECS)]
     pub shutdown_grace_secs: u64,
+
+    /// Threads that check and hash passwords (argon2id, ~19 MiB and tens of milliseconds
+    /// each) [default: the number of cores]. They are the only ones that do: a flood of
+    /// wrong passwords cannot take the threads storage reads run on.
+    #[arg(long, env = "CAIRN_PASSWORD_CHECK_THREADS")]
+    pub password_check_threads: Option<usize>,
+
+    /// Password checks that may wait for a thread; beyond them a login is answered
+    /// RESOURCE_EXHAUSTED at once [default: 4 per password-check thread].
+    #[arg(long, env = "CAIRN_PASSWORD_CHECK_QUEUE")]
+    pub password_check_queue: Option<usize>,
+
+    /// Open connections the client port accepts; beyond them a new connection is closed
+    /// at once (`cairn_connections_refused_total{port="client"}`).
+    #[arg(long, env = "CAIRN_MAX_CONNECTIONS", default_value_t = crate::listeners::defaults::MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Open connections the peer port accepts.
+    #[arg(long, env = "CAIRN_MAX_PEER_CONNECTIONS", default_value_t = crate::listeners::defaults::MAX_PEER_CONNECTIONS)]
+    pub max_peer_connections: usize,
+
+    /// Open connections the HTTP port (/metrics, probes) accepts.
+    #[arg(long, env = "CAIRN_MAX_HTTP_CONNECTIONS", default_value_t = crate::listeners::defaults::MAX_HTTP_CONNECTIONS)]
+    pub max_http_connections: usize,
+
+    /// Concurrent HTTP/2 streams (calls and subscriptions) per connection, announced to
+    /// clients in SETTINGS_MAX_CONCURRENT_STREAMS.
+    #[arg(long, env = "CAIRN_MAX_STREAMS_PER_CONNECTION", default_value_t = crate::listeners::defaults::MAX_STREAMS_PER_CONNECTION)]
+    pub max_streams_per_connection: u32,
+
+    /// Seconds between HTTP/2 keepalive pings on the client and peer ports; a connection
+    /// whose peer does not answer within --keepalive-timeout-secs is closed.
+    #[arg(long, env = "CAIRN_KEEPALIVE_INTERVAL_SECS", default_value_t = crate::listeners::defaults::KEEPALIVE_INTERVAL_SECS)]
+    pub keepalive_interval_secs: u64,
+
+    /// Seconds a keepalive ping may go unanswered.
+    #[arg(long, env = "CAIRN_KEEPALIVE_TIMEOUT_SECS", default_value_t = crate::listeners::defaults::KEEPALIVE_TIMEOUT_SECS)]
+    pub keepalive_timeout_secs: u64,
+
+    /// Seconds an HTTP-port client has to send a request's headers.
+    #[arg(long, env = "CAIRN_HTTP_HEADER_READ_TIMEOUT_SECS", default_value_t = crate::listeners::defaults::HTTP_HEADER_READ_TIMEOUT_SECS)]
+    pub http_header_read_timeout_secs: u64,
+
+    /// Start even if the data directory is accessible to other users (it holds password
+    /// hashes and the token-signing key). Without it, such a directory owned by this user
+    /// is made private at start-up, and one owned by another user is refused.
+    #[arg(long, env = "CAIRN_ALLOW_INSECURE_PERMISSIONS")]
+    pub allow_insecure_permissions: bool,
 
     /// Log format.
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -298,6 +388,20 @@ pub struct ServeConfig {
     pub token_ttl: Duration,
     /// Max request size.
     pub max_message_bytes: usize,
+    /// Largest event.
+    pub max_event_bytes: usize,
+    /// Byte budget of a read response.
+    pub max_response_bytes: usize,
+    /// Subscriptions per user on this node.
+    pub max_subscriptions_per_user: usize,
+    /// Subscriptions on this node.
+    pub max_subscriptions: usize,
+    /// Bytes of writes held at once.
+    pub max_write_bytes_in_flight: usize,
+    /// Free-space floor of the data directory's filesystem (0: none).
+    pub min_free_disk_bytes: u64,
+    /// Keep a data directory others can access.
+    pub allow_insecure_permissions: bool,
     /// Snapshot interval.
     pub snapshot_every_entries: u64,
     /// Snapshot interval in bytes of proposed commands.
@@ -318,6 +422,10 @@ pub struct ServeConfig {
     pub lease_ttl: Duration,
     /// Subscription lease renewal interval.
     pub lease_renew: Duration,
+    /// Password-check threads and queue.
+    pub password_limits: crate::password::PasswordLimits,
+    /// Connection and HTTP/2 limits of the ports.
+    pub connection_limits: crate::listeners::ConnectionLimits,
 }
 
 /// How a clustered node finds its group.
@@ -465,6 +573,33 @@ impl ServeArgs {
         if self.max_message_bytes < 1024 {
             return Err(ConfigError("--max-message-bytes must be ≥ 1024".into()));
         }
+        if self.max_event_bytes < 1024 || self.max_event_bytes > self.max_message_bytes {
+            return Err(ConfigError(format!(
+                "--max-event-bytes must be between 1024 and --max-message-bytes ({})",
+                self.max_message_bytes
+            )));
+        }
+        if self.max_response_bytes < self.max_event_bytes {
+            return Err(ConfigError(
+                "--max-response-bytes must be at least --max-event-bytes (a page holds at least one event)".into(),
+            ));
+        }
+        for (flag, value) in [
+            (
+                "--max-subscriptions-per-user",
+                self.max_subscriptions_per_user,
+            ),
+            ("--max-subscriptions", self.max_subscriptions),
+        ] {
+            if value == 0 {
+                return Err(ConfigError(format!("{flag} must be ≥ 1")));
+            }
+        }
+        if self.max_write_bytes_in_flight < self.max_message_bytes {
+            return Err(ConfigError(
+                "--max-write-bytes-in-flight must be at least --max-message-bytes (one largest write must fit)".into(),
+            ));
+        }
         if self.snapshot_every_entries == 0 {
             return Err(ConfigError("--snapshot-every-entries must be ≥ 1".into()));
         }
@@ -499,6 +634,51 @@ impl ServeArgs {
             election_max: Duration::from_millis(2 * self.raft_election_timeout_ms),
         };
         let advertise_addr = advertise_addr.unwrap_or_else(|| self.listen.to_string());
+        let mut password_limits = crate::password::PasswordLimits::for_this_machine();
+        if let Some(threads) = self.password_check_threads {
+            if threads == 0 {
+                return Err(ConfigError("--password-check-threads must be ≥ 1".into()));
+            }
+            password_limits.workers = threads;
+            password_limits.queue = 4 * threads;
+        }
+        if let Some(queue) = self.password_check_queue {
+            password_limits.queue = queue;
+        }
+        for (flag, value) in [
+            ("--max-connections", self.max_connections),
+            ("--max-peer-connections", self.max_peer_connections),
+            ("--max-http-connections", self.max_http_connections),
+            (
+                "--max-streams-per-connection",
+                self.max_streams_per_connection as usize,
+            ),
+            (
+                "--keepalive-interval-secs",
+                self.keepalive_interval_secs as usize,
+            ),
+            (
+                "--keepalive-timeout-secs",
+                self.keepalive_timeout_secs as usize,
+            ),
+            (
+                "--http-header-read-timeout-secs",
+                self.http_header_read_timeout_secs as usize,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError(format!("{flag} must be ≥ 1")));
+            }
+        }
+        let connection_limits = crate::listeners::ConnectionLimits {
+            max_connections: self.max_connections,
+            max_peer_connections: self.max_peer_connections,
+            max_http_connections: self.max_http_connections,
+            max_streams_per_connection: self.max_streams_per_connection,
+            keepalive_interval: Duration::from_secs(self.keepalive_interval_secs),
+            keepalive_timeout: Duration::from_secs(self.keepalive_timeout_secs),
+            http_header_read_timeout: Duration::from_secs(self.http_header_read_timeout_secs),
+        };
         Ok(ServeConfig {
             data_dir: self.data_dir,
             listen: self.listen,
@@ -515,6 +695,13 @@ impl ServeArgs {
             leader_wait: Duration::from_millis(self.leader_wait_ms),
             token_ttl: Duration::from_secs(self.token_ttl_secs),
             max_message_bytes: self.max_message_bytes,
+            max_event_bytes: self.max_event_bytes,
+            max_response_bytes: self.max_response_bytes,
+            max_subscriptions_per_user: self.max_subscriptions_per_user,
+            max_subscriptions: self.max_subscriptions,
+            max_write_bytes_in_flight: self.max_write_bytes_in_flight,
+            min_free_disk_bytes: self.min_free_disk_mb.saturating_mul(1024 * 1024),
+            allow_insecure_permissions: self.allow_insecure_permissions,
             snapshot_every_entries: self.snapshot_every_entries,
             snapshot_every_bytes: self.snapshot_every_bytes,
             raft_log_kept: self.raft_log_kept,
@@ -525,6 +712,8 @@ impl ServeArgs {
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             lease_ttl: Duration::from_secs(defaults::LEASE_TTL_SECS),
             lease_renew: Duration::from_secs(defaults::LEASE_RENEW_SECS),
+            password_limits,
+            connection_limits,
         })
     }
 }
@@ -675,6 +864,15 @@ impl ServeConfig {
             leader_wait: Duration::from_millis(defaults::LEADER_WAIT_MS),
             token_ttl: Duration::from_secs(defaults::TOKEN_TTL_SECS),
             max_message_bytes: defaults::MAX_MESSAGE_BYTES,
+            max_event_bytes: cairn_core::limits::DEFAULT_MAX_EVENT_BYTES,
+            max_response_bytes: cairn_core::limits::DEFAULT_MAX_RESPONSE_BYTES,
+            max_subscriptions_per_user: defaults::MAX_SUBSCRIPTIONS_PER_USER,
+            max_subscriptions: defaults::MAX_SUBSCRIPTIONS,
+            max_write_bytes_in_flight: defaults::MAX_WRITE_BYTES_IN_FLIGHT,
+            // Tests run wherever the temporary directory is; a floor there would make the
+            // suite fail on a nearly full disk for reasons that are not the test's.
+            min_free_disk_bytes: 0,
+            allow_insecure_permissions: false,
             snapshot_every_entries: defaults::SNAPSHOT_EVERY_ENTRIES,
             snapshot_every_bytes: defaults::SNAPSHOT_EVERY_BYTES,
             raft_log_kept: defaults::RAFT_LOG_KEPT,
@@ -685,6 +883,8 @@ impl ServeConfig {
             shutdown_grace: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(defaults::LEASE_TTL_SECS),
             lease_renew: Duration::from_secs(defaults::LEASE_RENEW_SECS),
+            password_limits: crate::password::PasswordLimits::for_this_machine(),
+            connection_limits: crate::listeners::ConnectionLimits::default(),
         }
     }
 }

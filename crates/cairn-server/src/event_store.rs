@@ -15,7 +15,7 @@ use cairn_proto::convert::{
 use cairn_proto::orisun as pb;
 use cairn_proto::orisun::event_store_server::EventStore;
 use cairn_proto::to_status;
-use cairn_store::{Direction, ReadStart};
+use cairn_store::{Direction, PageLimit, ReadStart};
 use tonic::{Request, Response, Status};
 
 use crate::rpc::{node_of, reply};
@@ -61,7 +61,10 @@ async fn save(
 ) -> Result<pb::WriteResult, Error> {
     note_boundary(&boundary);
     node.active_boundary(&boundary)?;
-    let events = validate_events(raw_events.into_iter().map(raw_event_from_wire).collect())?;
+    let events = validate_events(
+        raw_events.into_iter().map(raw_event_from_wire).collect(),
+        node.config.max_event_bytes,
+    )?;
     let observations = normalize_observations(observations)?;
     let count = events.len() as u64;
     let outcome = node
@@ -125,9 +128,12 @@ async fn get_events(
         Some(p) => ReadStart::Inclusive(position_from_wire(p)),
         None => ReadStart::Edge,
     };
-    let count = req.count as usize;
+    let limit = PageLimit {
+        events: req.count as usize,
+        bytes: node.config.max_response_bytes,
+    };
     let events = node
-        .blocking(move |s| s.read_events(boundary.id, &query, start, direction, count))
+        .blocking(move |s| s.read_events(boundary.id, &query, start, direction, limit))
         .await?;
     Ok(pb::GetEventsResponse {
         events: events.into_iter().map(event_to_wire).collect(),
@@ -258,7 +264,16 @@ impl EventStore for EventStoreService {
         request: Request<pb::CatchUpSubscribeToEventStoreRequest>,
     ) -> Result<Response<Self::CatchUpSubscribeToEventsStream>, Status> {
         let node = node_of(&self.ready)?;
-        reply(subscription::open(node, request.into_inner()).await)
+        let principal = request
+            .extensions()
+            .get::<crate::auth::Principal>()
+            .cloned()
+            .ok_or_else(|| {
+                to_status(Error::Unauthenticated(
+                    "request was not authenticated".to_string(),
+                ))
+            })?;
+        reply(subscription::open(node, &principal, request.into_inner()).await)
     }
 
     async fn ping(

@@ -2,12 +2,16 @@
 //! authentication and role checks (A1, A3), and the `x-auth-token` response header.
 //!
 //! Doing this once, outside the handlers, means no handler can forget to authenticate and
-//! every response (success, error, stream) is counted with its final status code.
+//! every response (success, error, stream) is counted with its final status code. A handler
+//! that panics answers INTERNAL here: the bug costs one request, not the connection's other
+//! streams, and the node keeps serving.
 
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use http::{HeaderValue, Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -98,55 +102,85 @@ where
             user = tracing::field::Empty,
             boundary = tracing::field::Empty
         );
-        Box::pin(
-            async move {
-                let mut timer = metrics.request(method);
-                if is_public(&path) {
-                    let response = inner.call(req).await?;
-                    return Ok(observe(response, timer));
-                }
-                let Some(node) = ready.get().cloned() else {
-                    timer.set_code(Code::Unavailable);
-                    return Ok(status_response(cairn_proto::to_status(
-                        cairn_core::Error::Unavailable(NODE_STARTING.to_string()),
-                    )));
-                };
-                tracing::Span::current().record("node_id", node.raft.node_id());
-                let principal = match node.auth.authenticate(req.headers()).await {
-                    Ok(p) => p,
-                    Err((error, failure)) => {
-                        metrics
-                            .auth_failures
-                            .with_label_values(&[failure.label()])
-                            .inc();
-                        let status = cairn_proto::to_status(error);
-                        timer.set_code(status.code());
-                        return Ok(status_response(status));
-                    }
-                };
-                tracing::Span::current().record("user", principal.username.as_str());
-                if let Some(roles) = required_roles(&path)
-                    && let Err(e) = principal.require(roles, method)
-                {
-                    let status = cairn_proto::to_status(e);
+        let handled = async move {
+            let mut timer = metrics.request(method);
+            if is_public(&path) {
+                let response = inner.call(req).await?;
+                return Ok(observe(response, timer));
+            }
+            let Some(node) = ready.get().cloned() else {
+                timer.set_code(Code::Unavailable);
+                return Ok(status_response(cairn_proto::to_status(
+                    cairn_core::Error::Unavailable(NODE_STARTING.to_string()),
+                )));
+            };
+            tracing::Span::current().record("node_id", node.raft.node_id());
+            let addr = req
+                .extensions()
+                .get::<tonic::transport::server::TcpConnectInfo>()
+                .and_then(|info| info.remote_addr())
+                .map(|a| a.ip());
+            let principal = match node.auth.authenticate(req.headers(), addr).await {
+                Ok(p) => p,
+                Err((error, failure)) => {
+                    metrics
+                        .auth_failures
+                        .with_label_values(&[failure.label()])
+                        .inc();
+                    let status = cairn_proto::to_status(error);
                     timer.set_code(status.code());
                     return Ok(status_response(status));
                 }
-                let token = node.auth.issue_token(&principal);
-                req.extensions_mut().insert(principal);
-                let mut response = inner.call(req).await?;
-                match token.map(|t| HeaderValue::from_str(&t)) {
-                    Ok(Ok(value)) => {
-                        response.headers_mut().insert(TOKEN_HEADER, value);
-                    }
-                    Ok(Err(e)) => tracing::error!("failed to encode session token header: {e}"),
-                    Err(e) => tracing::warn!("failed to issue session token: {e}"),
+            };
+            tracing::Span::current().record("user", principal.username.as_str());
+            if let Some(roles) = required_roles(&path)
+                && let Err(e) = principal.require(roles, method)
+            {
+                let status = cairn_proto::to_status(e);
+                timer.set_code(status.code());
+                return Ok(status_response(status));
+            }
+            let token = node.auth.issue_token(&principal);
+            req.extensions_mut().insert(principal);
+            let mut response = inner.call(req).await?;
+            match token.map(|t| HeaderValue::from_str(&t)) {
+                Ok(Ok(value)) => {
+                    response.headers_mut().insert(TOKEN_HEADER, value);
                 }
-                Ok(observe(response, timer))
+                Ok(Err(e)) => tracing::error!("failed to encode session token header: {e}"),
+                Err(e) => tracing::warn!("failed to issue session token: {e}"),
+            }
+            Ok(observe(response, timer))
+        };
+        let panics = self.metrics.request_panics.clone();
+        Box::pin(
+            async move {
+                match AssertUnwindSafe(handled).catch_unwind().await {
+                    Ok(response) => response,
+                    Err(panic) => {
+                        panics.inc();
+                        tracing::error!(
+                            "request handler panicked (a bug; the request is answered INTERNAL, the node keeps serving): {}",
+                            panic_message(&*panic)
+                        );
+                        Ok(status_response(tonic::Status::internal(PANIC_MESSAGE)))
+                    }
+                }
             }
             .instrument(span),
         )
     }
+}
+
+/// What a client sees when its request's handler panicked.
+pub const PANIC_MESSAGE: &str = "internal error: the server failed while handling this request (its log says why); a write may or may not have been applied";
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 /// Records the final status code: from the headers of a trailers-only response, else from
@@ -195,5 +229,64 @@ impl HttpBody for ObservedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use super::*;
+
+    /// A service that panics on the first call and answers OK afterwards, standing in for a
+    /// handler with a bug.
+    #[derive(Clone)]
+    struct PanicsOnce(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Service<Request<Body>> for PanicsOnce {
+        type Response = Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<'static, Result<Response<Body>, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            let first = !self.0.swap(true, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                assert!(!first, "a handler bug");
+                Ok(tonic::Status::ok("fine").into_http())
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_internal_and_the_next_call_is_served() {
+        let metrics = Arc::new(Metrics::new().expect("registry"));
+        let layer = GrpcLayer::new(Arc::new(OnceLock::new()), metrics.clone());
+        let mut service = layer.layer(PanicsOnce(Default::default()));
+        // Health is public: the call reaches the inner service without a node.
+        let path = "/grpc.health.v1.Health/Check";
+        let request = || {
+            Request::builder()
+                .uri(path)
+                .body(Body::empty())
+                .expect("request")
+        };
+        let first = service.call(request()).await.expect("infallible");
+        assert_eq!(header_code(first.headers()), Some(Code::Internal));
+        let second = service.call(request()).await.expect("infallible");
+        assert_eq!(header_code(second.headers()), Some(Code::Ok));
+        assert_eq!(metrics.request_panics.get(), 1);
+        let label = method_label(path);
+        assert_eq!(
+            metrics
+                .grpc_requests
+                .with_label_values(&[label, "INTERNAL"])
+                .get(),
+            1,
+            "the panicked request is counted as INTERNAL"
+        );
     }
 }

@@ -24,15 +24,34 @@ pub struct HttpState {
     pub serving: Arc<AtomicBool>,
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// Why the node cannot go on, if it cannot: Raft stopped on a storage error.
+fn fatal(state: &HttpState) -> Option<String> {
+    state.ready.get().and_then(|node| node.raft.fatal())
+}
+
+async fn healthz(State(state): State<HttpState>) -> impl IntoResponse {
+    // Liveness: a node whose Raft stopped is alive but useless; failing the probe makes
+    // Kubernetes restart it (the process also exits on its own, see `cli`).
+    match fatal(&state) {
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("raft stopped: {why}\n"),
+        ),
+        None => (StatusCode::OK, "ok\n".to_string()),
+    }
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    if let Some(why) = fatal(&state) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: raft stopped: {why}\n"),
+        );
+    }
     if state.serving.load(Ordering::Acquire) && state.ready.get().is_some() {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string())
     }
 }
 

@@ -27,6 +27,10 @@ pub struct Metrics {
     pub conflicts: IntCounterVec,
     /// Authentication failures by kind.
     pub auth_failures: IntCounterVec,
+    /// Request handlers that panicked (answered INTERNAL).
+    pub request_panics: IntCounter,
+    /// Connections closed at once because their port was at its connection limit.
+    pub connections_refused: IntCounterVec,
     /// Open subscriptions.
     pub subscriptions_active: IntGauge,
     /// Events delivered to subscribers.
@@ -156,6 +160,17 @@ impl Metrics {
                     "Failed authentications by kind"
                 ),
                 &["reason"]
+            )?),
+            request_panics: reg!(IntCounter::new(
+                "cairn_grpc_request_panics_total",
+                "Request handlers that panicked (a bug): each answered INTERNAL, the node kept serving"
+            )?),
+            connections_refused: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_connections_refused_total",
+                    "Connections closed on accept because their port (client, peer, http) was at its connection limit"
+                ),
+                &["port"]
             )?),
             subscriptions_active: reg!(IntGauge::new(
                 "cairn_subscriptions_active",
@@ -368,7 +383,7 @@ pub fn method_label(path: &str) -> &'static str {
 }
 
 /// Records one request's duration and code when dropped (an unfinished timer counts as
-/// CANCELLED: the client went away mid-request).
+/// CANCELLED: the client went away mid-request; INTERNAL when its handler panicked).
 pub struct RequestTimer {
     metrics: Arc<Metrics>,
     method: &'static str,
@@ -385,7 +400,12 @@ impl RequestTimer {
 
 impl Drop for RequestTimer {
     fn drop(&mut self) {
-        let code = self.code.unwrap_or(Code::Cancelled);
+        // Dropped while unwinding: the handler panicked, and the client is answered INTERNAL.
+        let code = self.code.unwrap_or(if std::thread::panicking() {
+            Code::Internal
+        } else {
+            Code::Cancelled
+        });
         self.metrics
             .grpc_requests
             .with_label_values(&[self.method, code_label(code)])

@@ -351,14 +351,14 @@ impl PeerTransport for PeerClient {
     }
 }
 
-/// Compares the presented secret with ours in time independent of where they differ.
+/// Compares the presented secret with ours in time independent of both their contents
+/// and their lengths: digests of equal length, compared in constant time.
 fn secret_matches(presented: &[u8], expected: &[u8]) -> bool {
-    presented.len() == expected.len()
-        && presented
-            .iter()
-            .zip(expected)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    use sha2::{Digest, Sha256};
+    use subtle::ConstantTimeEq;
+    let presented = Sha256::digest(presented);
+    let expected = Sha256::digest(expected);
+    presented.ct_eq(&expected).into()
 }
 
 /// Rejects peer calls without the cluster secret (when one is configured).
@@ -461,12 +461,38 @@ impl pb::raft_server::Raft for RaftService {
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decoded(request)?;
+        // The id becomes a file name (review M4).
+        if !cairn_raft::valid_snapshot_id(&rpc.meta.snapshot_id) {
+            return Err(Status::invalid_argument(format!(
+                "snapshot id {:?} is not letters, digits and dashes (at most {} bytes)",
+                rpc.meta.snapshot_id,
+                cairn_raft::MAX_SNAPSHOT_ID_BYTES
+            )));
+        }
+        // Installing needs room for what arrives, unpacked, and copied into the database:
+        // a chunk that would not leave that (and the floor) is refused before it is
+        // written, and the leader sends it again later.
+        let received = rpc.offset.saturating_add(rpc.data.len() as u64);
+        if let Err(full) = node.disk_floor.check_room(received.saturating_mul(2)) {
+            return Err(cairn_proto::to_status(full));
+        }
         payload(&node.raft.raft().install_snapshot(rpc).await)
     }
 }
 
 /// What a leader answers for a command it was handed.
 pub async fn run_forwarded(node: &NodeState, command: Command) -> ForwardReply {
+    // Nothing proposed: a definite rejection the follower passes on to its client.
+    let floor = if command.is_upkeep() {
+        Ok(())
+    } else {
+        node.disk_floor.check()
+    };
+    let reserved = floor.and_then(|()| node.write_budget.reserve(command.approx_bytes()));
+    let _reserved = match reserved {
+        Ok(reserved) => reserved,
+        Err(full) => return ForwardReply::Outcome(Err(full)),
+    };
     match node.raft.write(command).await {
         Ok(outcome) => ForwardReply::Outcome(outcome),
         Err(CairnRaftError::ForwardToLeader {

@@ -16,8 +16,6 @@ use cairn_raft::{Formation, NoPeers, NodeOptions, PeerTransport, RaftNode};
 use cairn_store::StoreOptions;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::codec::CompressionEncoding;
 use tonic_health::ServingStatus;
@@ -31,6 +29,7 @@ use crate::config::{Membership, ServeConfig};
 use crate::event_store::EventStoreService;
 use crate::grpc_layer::GrpcLayer;
 use crate::http::{HttpState, router};
+use crate::listeners::{Acceptor, ConnectionLimits, grpc_server, serve_http};
 use crate::metrics::Metrics;
 use crate::peer::{
     ClusterService, MAX_PEER_MESSAGE_BYTES, PeerClient, PeerReady, RaftService, SecretCheck,
@@ -74,6 +73,12 @@ pub enum ServerError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    /// The data directory cannot be created or is not private.
+    #[error(transparent)]
+    DataDir(#[from] crate::data_dir::DataDirError),
+    /// The password-check threads could not be started.
+    #[error("failed to start the password-check threads: {0}")]
+    Threads(std::io::Error),
     /// A server task panicked.
     #[error("server task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -95,7 +100,7 @@ pub struct RunningServer {
     grpc_stop: CancellationToken,
     http_stop: CancellationToken,
     grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
-    http_task: JoinHandle<std::io::Result<()>>,
+    http_task: JoinHandle<()>,
     metrics_task: JoinHandle<()>,
     bootstrap_task: JoinHandle<()>,
 }
@@ -206,22 +211,6 @@ pub fn start(config: ServeConfig) -> Boxed<Result<RunningServer, ServerError>> {
     })
 }
 
-/// Accepted connections with TCP_NODELAY set. `serve_with_incoming` ignores the builder's
-/// TCP settings, and without NODELAY Nagle holds a response's trailing frames for the
-/// peer's delayed ACK (40 ms).
-fn nodelay_incoming(
-    listener: TcpListener,
-    kind: &'static str,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    TcpListenerStream::new(listener).map(move |accepted| {
-        accepted.inspect(|stream| {
-            if let Err(e) = stream.set_nodelay(true) {
-                tracing::warn!("failed to set TCP_NODELAY on a {kind} connection: {e}");
-            }
-        })
-    })
-}
-
 /// The peer port's server.
 struct PeerServer {
     stop: CancellationToken,
@@ -230,7 +219,13 @@ struct PeerServer {
 
 /// Serves `cairn.v1.Raft` and `cairn.v1.Cluster` on `listener`, every call checked against
 /// the cluster secret; both answer UNAVAILABLE until `ready` is set.
-fn spawn_peer_server(listener: TcpListener, secret: &str, ready: PeerReady) -> PeerServer {
+fn spawn_peer_server(
+    listener: TcpListener,
+    secret: &str,
+    ready: PeerReady,
+    limits: &ConnectionLimits,
+    metrics: &Metrics,
+) -> PeerServer {
     let check = SecretCheck::new(Some(secret));
     let stop = CancellationToken::new();
     let raft = tonic::service::interceptor::InterceptedService::new(
@@ -245,14 +240,17 @@ fn spawn_peer_server(listener: TcpListener, secret: &str, ready: PeerReady) -> P
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES),
         check,
     );
+    let acceptor = Acceptor::new(
+        listener,
+        "peer",
+        limits.max_peer_connections,
+        Some(metrics.connections_refused.with_label_values(&["peer"])),
+    );
     let task = tokio::spawn(
-        tonic::transport::Server::builder()
+        grpc_server(limits)
             .add_service(raft)
             .add_service(cluster)
-            .serve_with_incoming_shutdown(
-                nodelay_incoming(listener, "peer"),
-                stop.clone().cancelled_owned(),
-            ),
+            .serve_with_incoming_shutdown(acceptor.into_stream(), stop.clone().cancelled_owned()),
     );
     PeerServer { stop, task }
 }
@@ -345,24 +343,40 @@ async fn serve_on(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let max = config.max_message_bytes;
+    // A page stops at the event that reaches the byte budget, so a response is below the
+    // budget plus one event (at most a whole request, for events stored before a lower
+    // --max-event-bytes) plus protobuf framing.
+    let max_reply = config
+        .max_response_bytes
+        .saturating_mul(2)
+        .saturating_add(max);
     let event_store = EventStoreServer::new(EventStoreService::new(ready.clone()))
         .max_decoding_message_size(max)
+        .max_encoding_message_size(max_reply)
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
     let admin = AdminServer::new(AdminService::new(ready.clone()))
         .max_decoding_message_size(max)
+        .max_encoding_message_size(max_reply)
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
 
     let boundaries = BoundariesServer::new(BoundariesService::new(ready.clone()))
         .max_decoding_message_size(max)
+        .max_encoding_message_size(max_reply)
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
 
+    let limits = config.connection_limits;
     let grpc_stop = CancellationToken::new();
+    let client_acceptor = Acceptor::new(
+        grpc_listener,
+        "client",
+        limits.max_connections,
+        Some(metrics.connections_refused.with_label_values(&["client"])),
+    );
     let grpc_task = tokio::spawn(
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        grpc_server(&limits)
             .layer(GrpcLayer::new(ready.clone(), metrics.clone()))
             .add_service(health_service)
             .add_service(reflection_v1)
@@ -371,7 +385,7 @@ async fn serve_on(
             .add_service(admin)
             .add_service(boundaries)
             .serve_with_incoming_shutdown(
-                nodelay_incoming(grpc_listener, "client"),
+                client_acceptor.into_stream(),
                 grpc_stop.clone().cancelled_owned(),
             ),
     );
@@ -381,11 +395,18 @@ async fn serve_on(
         metrics: metrics.clone(),
         serving: serving.clone(),
     };
-    let http_task = tokio::spawn(
-        axum::serve(http_listener, router(http_state))
-            .with_graceful_shutdown(http_stop.clone().cancelled_owned())
-            .into_future(),
+    let http_acceptor = Acceptor::new(
+        http_listener,
+        "HTTP",
+        limits.max_http_connections,
+        Some(metrics.connections_refused.with_label_values(&["http"])),
     );
+    let http_task = tokio::spawn(serve_http(
+        http_acceptor,
+        router(http_state),
+        limits.http_header_read_timeout,
+        http_stop.clone(),
+    ));
     let peer_ready: PeerReady = Arc::new(OnceLock::new());
     let peer_listener = match &config.cluster {
         Some(cluster) => match bind(cluster.peer_listen).await {
@@ -406,6 +427,8 @@ async fn serve_on(
             listener,
             &cluster.secret,
             peer_ready.clone(),
+            &limits,
+            &metrics,
         )),
         _ => None,
     };
@@ -414,6 +437,7 @@ async fn serve_on(
     tracing::info!(%grpc_addr, %http_addr, peer_addr = %peer_addr_text, "listening; opening storage");
 
     let started = async {
+        crate::data_dir::prepare(&config.data_dir, config.allow_insecure_permissions)?;
         let (peers, transport, formation) = match &config.cluster {
             Some(cluster) => {
                 let local_ip = Some(cluster.peer_listen.ip()).filter(|ip| !ip.is_unspecified());
@@ -455,14 +479,24 @@ async fn serve_on(
             max_inflight_batches: config.max_inflight_batches,
         })
         .await?;
+        let passwords = crate::password::PasswordChecks::start(config.password_limits)
+            .map_err(ServerError::Threads)?;
         let node = Arc::new(NodeState {
-            auth: Authenticator::new(raft.store().clone(), config.token_ttl),
+            auth: Authenticator::new(raft.store().clone(), config.token_ttl, passwords),
             raft,
             metrics: metrics.clone(),
             config: config.clone(),
             process_id: uuid::Uuid::new_v4().to_string(),
             shutdown: CancellationToken::new(),
-            subscriptions: Default::default(),
+            subscriptions: Arc::new(crate::subscription::Registry::new(
+                config.max_subscriptions,
+                config.max_subscriptions_per_user,
+            )),
+            write_budget: crate::state::WriteBudget::new(config.max_write_bytes_in_flight),
+            disk_floor: crate::state::DiskFloor::new(
+                config.data_dir.clone(),
+                config.min_free_disk_bytes,
+            ),
             leader_read_indexes: crate::state::leader_read_indexes(peers.clone()),
             peers,
         });
@@ -507,6 +541,8 @@ async fn serve_on(
         }
     };
     let metrics_task = spawn_raft_metrics(node.clone());
+    // Ends when the node shuts down.
+    crate::subscription::spawn_renewals(node.clone());
     // The slot is set exactly once, here.
     let _ = ready.set(node.clone());
     serving.store(true, Ordering::Release);
@@ -543,6 +579,13 @@ impl RunningServer {
         &self.node
     }
 
+    /// Resolves with the reason once Raft stops on its own (a storage error): the node can
+    /// no longer write or catch up, and its process should exit so that it is restarted.
+    pub fn fatal(&self) -> Boxed<String> {
+        let node = self.node.clone();
+        Box::pin(async move { node.raft.stopped().await })
+    }
+
     /// Graceful shutdown: report NOT_SERVING, end subscriptions, stop accepting, let
     /// in-flight requests finish (up to the grace period), hand leadership to a caught-up
     /// voter when leading, stop Raft, sync and close RocksDB.
@@ -569,9 +612,7 @@ impl RunningServer {
             }
         }
         self.http_stop.cancel();
-        if let Err(e) = self.http_task.await? {
-            tracing::warn!("HTTP server ended with an error: {e}");
-        }
+        self.http_task.await?;
         self.metrics_task.abort();
         self.bootstrap_task.abort();
         if let Some(join) = self.join_task {

@@ -8,7 +8,13 @@
 //!
 //! The exclusive lease per (boundary, subscriber) is replicated state: acquired before the
 //! first event, renewed every 5 s, released when the stream ends; a holder that vanishes
-//! without releasing loses it 15 s after its last renewal.
+//! without releasing loses it 15 s after its last renewal. One task per node renews every
+//! open subscription's lease at once, so the renewals of a node's subscriptions fold into
+//! the same few Raft entries; a subscription whose renewal fails ends with that error.
+//!
+//! Subscriptions are a user's standing claim on a node (a task, a lease renewed through
+//! Raft), so a user holds at most `--max-subscriptions-per-user` of them on a node and a
+//! node at most `--max-subscriptions`; names are at most [`MAX_SUBSCRIBER_NAME_BYTES`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -17,16 +23,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cairn_core::command::Command;
+use cairn_core::limits::MAX_SUBSCRIBER_NAME_BYTES;
 use cairn_core::{Error, Query};
 use cairn_proto::convert::{event_to_wire, position_from_wire, query_from_wire};
 use cairn_proto::orisun as pb;
 use cairn_proto::to_status;
-use cairn_store::ReadStart;
+use cairn_store::{PageLimit, ReadStart};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use crate::auth::Principal;
 use crate::state::NodeState;
 
 /// Events read from storage per page.
@@ -37,65 +46,201 @@ const CHANNEL_CAPACITY: usize = 64;
 /// The response stream type.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>>;
 
-/// Open subscriptions and their lag, for the `cairn_subscription_lag_events` gauge.
-#[derive(Default)]
+/// The open subscriptions of a node: who holds them, their leases, and their lag (for the
+/// `cairn_subscription_lag_events` gauge).
 pub struct Registry {
     next_id: AtomicU64,
-    lags: Mutex<HashMap<u64, (String, u64)>>,
+    max_total: usize,
+    max_per_user: usize,
+    open: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    subscriptions: HashMap<u64, Entry>,
+    per_user: HashMap<String, usize>,
+}
+
+struct Entry {
+    user: String,
+    boundary: String,
+    lag: u64,
+    /// Taken once the lease is held; renewed by the node's renewal task.
+    lease: Option<Arc<Lease>>,
+    /// Cancelled with the reason when a renewal fails: the subscription must end.
+    lost: Arc<LeaseLost>,
+}
+
+/// Why a subscription's lease was lost, once it was.
+#[derive(Default)]
+struct LeaseLost {
+    token: CancellationToken,
+    error: Mutex<Option<Error>>,
+}
+
+impl LeaseLost {
+    fn lose(&self, error: Error) {
+        *self.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+        self.token.cancel();
+    }
+
+    fn error(&self) -> Error {
+        self.error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| Error::Unavailable("the subscription lost its lease".into()))
+    }
 }
 
 impl Registry {
-    fn register(self: &Arc<Self>, boundary: &str) -> Tracked {
+    /// A registry admitting `max_total` subscriptions, `max_per_user` of one user.
+    pub fn new(max_total: usize, max_per_user: usize) -> Self {
+        Registry {
+            next_id: AtomicU64::new(0),
+            max_total,
+            max_per_user,
+            open: Mutex::new(Open::default()),
+        }
+    }
+
+    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits a subscription of `user` on `boundary`, or RESOURCE_EXHAUSTED at a limit.
+    fn admit(self: &Arc<Self>, user: &str, boundary: &str) -> Result<Tracked, Error> {
+        let mut open = self.open();
+        let held = open.per_user.get(user).copied().unwrap_or(0);
+        if held >= self.max_per_user {
+            return Err(Error::ResourceExhausted(format!(
+                "user \"{user}\" has {held} open subscriptions on this node; the limit is {} (--max-subscriptions-per-user)",
+                self.max_per_user
+            )));
+        }
+        if open.subscriptions.len() >= self.max_total {
+            return Err(Error::ResourceExhausted(format!(
+                "this node has {} open subscriptions; the limit is {} (--max-subscriptions)",
+                open.subscriptions.len(),
+                self.max_total
+            )));
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.lags
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, (boundary.to_string(), 0));
-        Tracked {
+        let lost = Arc::new(LeaseLost::default());
+        open.subscriptions.insert(
+            id,
+            Entry {
+                user: user.to_string(),
+                boundary: boundary.to_string(),
+                lag: 0,
+                lease: None,
+                lost: lost.clone(),
+            },
+        );
+        *open.per_user.entry(user.to_string()).or_default() += 1;
+        Ok(Tracked {
             registry: self.clone(),
             id,
-        }
+            lost,
+        })
     }
 
     /// The largest lag per boundary among open subscriptions.
     pub fn max_lag_by_boundary(&self) -> BTreeMap<String, u64> {
         let mut out: BTreeMap<String, u64> = BTreeMap::new();
-        for (boundary, lag) in self.lags.lock().unwrap_or_else(|p| p.into_inner()).values() {
-            let max = out.entry(boundary.clone()).or_default();
-            *max = (*max).max(*lag);
+        for entry in self.open().subscriptions.values() {
+            let max = out.entry(entry.boundary.clone()).or_default();
+            *max = (*max).max(entry.lag);
         }
         out
     }
+
+    /// Open subscriptions.
+    pub fn len(&self) -> usize {
+        self.open().subscriptions.len()
+    }
+
+    /// True when none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn held_leases(&self) -> Vec<(Arc<Lease>, Arc<LeaseLost>)> {
+        self.open()
+            .subscriptions
+            .values()
+            .filter_map(|e| e.lease.clone().map(|lease| (lease, e.lost.clone())))
+            .collect()
+    }
 }
 
-/// A registered subscription; unregisters on drop.
+/// An admitted subscription; gives its place back on drop.
 struct Tracked {
     registry: Arc<Registry>,
     id: u64,
+    lost: Arc<LeaseLost>,
 }
 
 impl Tracked {
     fn set_lag(&self, lag: u64) {
-        if let Some(entry) = self
-            .registry
-            .lags
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(&self.id)
-        {
-            entry.1 = lag;
+        if let Some(entry) = self.registry.open().subscriptions.get_mut(&self.id) {
+            entry.lag = lag;
+        }
+    }
+
+    /// Hands the held lease to the node's renewal task.
+    fn renew(&self, lease: Arc<Lease>) {
+        if let Some(entry) = self.registry.open().subscriptions.get_mut(&self.id) {
+            entry.lease = Some(lease);
         }
     }
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        self.registry
-            .lags
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
+        let mut open = self.registry.open();
+        if let Some(entry) = open.subscriptions.remove(&self.id)
+            && let Some(held) = open.per_user.get_mut(&entry.user)
+        {
+            *held -= 1;
+            if *held == 0 {
+                open.per_user.remove(&entry.user);
+            }
+        }
     }
+}
+
+/// Renews the lease of every open subscription every `--lease-renew` (5 s), all at once:
+/// concurrent proposals fold into the same Raft entries. A subscription whose renewal
+/// fails ends with the error.
+pub fn spawn_renewals(node: Arc<NodeState>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(node.config.lease_renew);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate; leases were just taken.
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = node.shutdown.cancelled() => return,
+            }
+            let held = node.subscriptions.held_leases();
+            let renewals = held.iter().map(|(lease, lost)| {
+                let node = &node;
+                async move {
+                    if let Err(e) = lease.acquire(node).await {
+                        tracing::info!(
+                            subscriber = %lease.subscriber,
+                            boundary = %lease.boundary,
+                            "failed to renew a subscription lease; the subscription ends: {e}"
+                        );
+                        lost.lose(e);
+                    }
+                }
+            });
+            futures::future::join_all(renewals).await;
+        }
+    })
 }
 
 struct Lease {
@@ -137,6 +282,7 @@ impl Lease {
 /// Validates the request, takes the lease and starts the subscription task.
 pub async fn open(
     node: Arc<NodeState>,
+    principal: &Principal,
     req: pb::CatchUpSubscribeToEventStoreRequest,
 ) -> Result<EventStream, Error> {
     tracing::Span::current().record("boundary", req.boundary.as_str());
@@ -145,12 +291,21 @@ pub async fn open(
     if req.subscriber_name.is_empty() {
         return Err(Error::invalid("subscriber_name is empty"));
     }
+    if req.subscriber_name.len() > MAX_SUBSCRIBER_NAME_BYTES {
+        return Err(Error::invalid(format!(
+            "subscriber_name is {} bytes; the limit is {MAX_SUBSCRIBER_NAME_BYTES}",
+            req.subscriber_name.len()
+        )));
+    }
     let query: Query = query_from_wire(req.query).normalize_filter()?;
-    let lease = Lease {
+    let tracked = node
+        .subscriptions
+        .admit(&principal.username, &boundary.name)?;
+    let lease = Arc::new(Lease {
         boundary: boundary.name.clone(),
         subscriber: req.subscriber_name.clone(),
         holder: uuid::Uuid::new_v4().to_string(),
-    };
+    });
     lease.acquire(&node).await?;
     let start = match req.after_position.as_ref() {
         Some(p) => ReadStart::After(position_from_wire(p)),
@@ -170,9 +325,12 @@ pub async fn open(
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     node.metrics.subscriptions_active.inc();
     let span = tracing::info_span!("subscription", boundary = %boundary.name, subscriber = %req.subscriber_name);
+    tracked.renew(lease.clone());
     tokio::spawn(tracing::Instrument::instrument(
         async move {
-            let outcome = run(&node, boundary.id, &query, start, &lease, &tx).await;
+            let outcome = run(&node, boundary.id, &query, start, &tracked, &tx).await;
+            // Not renewed from here on: released below.
+            drop(tracked);
             if let Err(e) = outcome {
                 tracing::info!("subscription ended: {e}");
                 // The client may be gone already; then nobody needs the status.
@@ -192,36 +350,41 @@ async fn run(
     bid: u32,
     query: &Query,
     start: ReadStart,
-    lease: &Lease,
+    tracked: &Tracked,
     tx: &mpsc::Sender<Result<pb::Event, Status>>,
 ) -> Result<(), Error> {
     let store = node.store().clone();
     let mut heads = node.raft.heads().subscribe(&store, bid);
-    let tracked = node.subscriptions.register(&lease.boundary);
-    let renew_every = node.config.lease_renew;
-    let mut next_renewal = Instant::now() + renew_every;
+    let lag_every = node.config.lease_renew;
+    let mut next_lag = Instant::now() + lag_every;
+    let limit = PageLimit {
+        events: PAGE_SIZE,
+        bytes: node.config.max_response_bytes,
+    };
+    let lost = &tracked.lost.token;
     let mut cursor = start;
     loop {
         let q = query.clone();
         let (page, next) = node
-            .blocking(move |s| s.read_page(bid, &q, cursor, PAGE_SIZE))
+            .blocking(move |s| s.read_page(bid, &q, cursor, limit))
             .await?;
-        let full = page.len() >= PAGE_SIZE;
+        // A page cut short by its limit continues at once; any other reached the head.
+        let full = page.len() >= limit.events
+            || page.iter().map(cairn_store::event_bytes).sum::<usize>() >= limit.bytes;
         for event in page {
-            // Waiting for channel space must not starve lease renewal.
             let permit = loop {
                 tokio::select! {
                     permit = tx.reserve() => match permit {
                         Ok(permit) => break permit,
                         Err(_) => return Ok(()),
                     },
-                    _ = tokio::time::sleep_until(next_renewal.into()) => {
-                        lease.acquire(node).await?;
-                        next_renewal = Instant::now() + renew_every;
+                    _ = tokio::time::sleep_until(next_lag.into()) => {
                         // A consumer that stops reading shows up as growing lag.
                         let at = event.position.prepare.max(0) as u64;
                         tracked.set_lag(store.event_count(bid).saturating_sub(at));
+                        next_lag = Instant::now() + lag_every;
                     }
+                    _ = lost.cancelled() => return Err(tracked.lost.error()),
                     _ = node.shutdown.cancelled() => {
                         return Err(Error::Unavailable("server is shutting down".into()));
                     }
@@ -232,10 +395,6 @@ async fn run(
         }
         cursor = ReadStart::Prepare(next);
         tracked.set_lag(store.event_count(bid).saturating_sub(next));
-        if Instant::now() >= next_renewal {
-            lease.acquire(node).await?;
-            next_renewal = Instant::now() + renew_every;
-        }
         if full {
             continue;
         }
@@ -248,10 +407,7 @@ async fn run(
                     }
                     break;
                 }
-                _ = tokio::time::sleep_until(next_renewal.into()) => {
-                    lease.acquire(node).await?;
-                    next_renewal = Instant::now() + renew_every;
-                }
+                _ = lost.cancelled() => return Err(tracked.lost.error()),
                 _ = tx.closed() => return Ok(()),
                 _ = node.shutdown.cancelled() => {
                     return Err(Error::Unavailable("server is shutting down".into()));

@@ -261,14 +261,25 @@ impl Store {
                     holder: holder.clone(),
                     expires_unix_nanos: at_unix_nanos.saturating_add(*ttl_nanos),
                 };
+                let meta_cf = self.cf(CF_SM_META)?;
                 batch.put_cf(
-                    self.cf(CF_SM_META)?,
+                    meta_cf,
                     meta::scoped(meta::LEASE, bid, subscriber),
                     encode_json(&lease),
                 );
+                // Leases of holders that vanished without releasing (a node crashed) would
+                // stay forever: each acquisition removes a few expired ones after its own,
+                // judged by the same leader clock on every replica.
+                let expired = self.with_catalog(|c| expired_leases_after(c, &key, *at_unix_nanos));
+                for (bid, subscriber) in &expired {
+                    batch.delete_cf(meta_cf, meta::scoped(meta::LEASE, *bid, subscriber));
+                }
                 Ok((
                     Ok(Applied::Done),
                     Some(Box::new(move |c: &mut Catalog| {
+                        for expired in &expired {
+                            c.leases.remove(expired);
+                        }
                         c.leases.insert(key, lease);
                     })),
                 ))
@@ -796,6 +807,24 @@ impl From<StoreError> for Planned {
     }
 }
 
+/// Leases swept by one acquisition: deterministic, and little work per write.
+const LEASES_SWEPT_PER_ACQUIRE: usize = 4;
+
+/// Up to [`LEASES_SWEPT_PER_ACQUIRE`] leases expired at `now`, looked for among the ones
+/// after `key` in key order (wrapping around), `key` itself excluded. Every replica holds
+/// the same leases and the command carries the leader's clock, so all sweep the same ones.
+fn expired_leases_after(catalog: &Catalog, key: &(u32, String), now: i64) -> Vec<(u32, String)> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    catalog
+        .leases
+        .range((Excluded(key.clone()), Unbounded))
+        .chain(catalog.leases.range(..key.clone()))
+        .take(LEASES_SWEPT_PER_ACQUIRE)
+        .filter(|(_, lease)| lease.expires_unix_nanos <= now)
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use cairn_core::event::RawEvent;
@@ -831,6 +860,61 @@ mod tests {
             out.push((first, members, commit));
         }
         out
+    }
+
+    #[test]
+    fn acquiring_a_lease_sweeps_expired_leases_of_vanished_holders() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path(), &StoreOptions::default()).expect("open");
+        store
+            .apply(
+                &Command::CreateBoundary {
+                    name: "b".into(),
+                    description: String::new(),
+                    placement: None,
+                    existed_before_catalog: false,
+                    idempotent_event_ids: false,
+                    if_absent: false,
+                },
+                b"m",
+            )
+            .expect("create")
+            .expect("created");
+        let acquire = |subscriber: &str, at: i64| {
+            store
+                .apply(
+                    &Command::AcquireLease {
+                        boundary: "b".into(),
+                        subscriber: subscriber.into(),
+                        holder: format!("holder-of-{subscriber}"),
+                        at_unix_nanos: at,
+                        ttl_nanos: 10,
+                    },
+                    b"m",
+                )
+                .expect("apply")
+                .expect("acquired");
+        };
+        // Ten holders that vanish (expire at 10 + their start), one that stays alive.
+        for i in 0..10 {
+            acquire(&format!("gone-{i}"), i);
+        }
+        acquire("live", 100);
+        let names = |store: &Store| -> Vec<String> {
+            store.with_catalog(|c| c.leases.keys().map(|(_, s)| s.clone()).collect())
+        };
+        // None had expired while the ten were taken; "live" (at 100) swept a few.
+        assert_eq!(names(&store).len(), 11 - LEASES_SWEPT_PER_ACQUIRE);
+        // Each renewal of "live" (expiring at 110) removes a few more, never its own.
+        for renewal in 0..3 {
+            acquire("live", 100 + renewal);
+        }
+        let left = names(&store);
+        assert_eq!(left, vec!["live".to_string()], "all expired leases swept");
+        // Swept from disk too: a reopened store loads the same leases.
+        drop(store);
+        let reopened = Store::open(dir.path(), &StoreOptions::default()).expect("reopen");
+        assert_eq!(names(&reopened), left);
     }
 
     #[test]

@@ -187,19 +187,22 @@ impl<'a> View<'a> {
         Ok(best)
     }
 
-    /// A page of events matching `query`, from prepare `start` in `direction`.
+    /// A page of events matching `query`, from prepare `start` in `direction`: `count`
+    /// events, or fewer once they reach `max_bytes` (never fewer than one).
     fn page(
         &self,
         query: &Query,
         start: Option<u64>,
         head: u64,
         direction: Direction,
-        count: usize,
+        limit: PageLimit,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let mut out = Vec::new();
-        let Some(start) = start else { return Ok(out) };
+        let mut out = PageBuilder::new(limit);
+        let Some(start) = start else {
+            return Ok(out.events);
+        };
         if query.criteria.is_empty() {
-            return self.scan(start, head, direction, count);
+            return self.scan(start, head, direction, limit);
         }
         let mut cursors = query
             .criteria
@@ -209,7 +212,7 @@ impl<'a> View<'a> {
         match direction {
             Direction::Asc => {
                 let mut next = start;
-                while out.len() < count && next < head {
+                while !out.is_full() && next < head {
                     let mut best: Option<u64> = None;
                     for c in &mut cursors {
                         if let Some((p, _)) = c.first_at_or_after(next)?
@@ -230,7 +233,7 @@ impl<'a> View<'a> {
                     next = None;
                 }
                 while let Some(upper) = next {
-                    if out.len() >= count {
+                    if out.is_full() {
                         break;
                     }
                     let mut best: Option<u64> = None;
@@ -247,7 +250,7 @@ impl<'a> View<'a> {
                 }
             }
         }
-        Ok(out)
+        Ok(out.events)
     }
 
     fn scan(
@@ -255,19 +258,19 @@ impl<'a> View<'a> {
         start: u64,
         head: u64,
         direction: Direction,
-        count: usize,
+        limit: PageLimit,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let cf = self.store.cf(CF_EVENTS)?;
         let mut opts = self.read_opts();
         opts.set_iterate_lower_bound(keys::event_key(self.bid, 0).to_vec());
         opts.set_iterate_upper_bound(keys::event_key(self.bid, head).to_vec());
         let mut it = self.db.raw_iterator_cf_opt(cf, opts);
-        let mut out = Vec::new();
+        let mut out = PageBuilder::new(limit);
         match direction {
             Direction::Asc => it.seek(keys::event_key(self.bid, start)),
             Direction::Desc => it.seek_for_prev(keys::event_key(self.bid, start)),
         }
-        while out.len() < count {
+        while !out.is_full() {
             let Some((k, v)) = it.item() else {
                 it.status()?;
                 break;
@@ -278,8 +281,59 @@ impl<'a> View<'a> {
                 Direction::Desc => it.prev(),
             }
         }
-        Ok(out)
+        Ok(out.events)
     }
+}
+
+/// How much one page may hold: `events` events, and no more once their size reaches
+/// `bytes` (a page always has room for its first event, however large).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageLimit {
+    /// Events.
+    pub events: usize,
+    /// Bytes of event text (id, type, data, metadata).
+    pub bytes: usize,
+}
+
+impl PageLimit {
+    /// At most `events` events, whatever their size.
+    pub fn events(events: usize) -> Self {
+        PageLimit {
+            events,
+            bytes: usize::MAX,
+        }
+    }
+}
+
+/// A page being filled up to its [`PageLimit`].
+struct PageBuilder {
+    events: Vec<StoredEvent>,
+    bytes: usize,
+    limit: PageLimit,
+}
+
+impl PageBuilder {
+    fn new(limit: PageLimit) -> Self {
+        PageBuilder {
+            events: Vec::new(),
+            bytes: 0,
+            limit,
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.events.len() >= self.limit.events || self.bytes >= self.limit.bytes
+    }
+
+    fn push(&mut self, event: StoredEvent) {
+        self.bytes = self.bytes.saturating_add(event_bytes(&event));
+        self.events.push(event);
+    }
+}
+
+/// The size a page counts for an event.
+pub fn event_bytes(event: &StoredEvent) -> usize {
+    event.event_id.len() + event.event_type.len() + event.data.len() + event.metadata.len()
 }
 
 impl Store {
@@ -338,31 +392,34 @@ impl Store {
         }
     }
 
-    /// A page of events of boundary `bid` matching `query` (G1, S2).
+    /// A page of events of boundary `bid` matching `query` (G1, S2), within `limit`.
     pub fn read_events(
         &self,
         bid: u32,
         query: &Query,
         start: ReadStart,
         direction: Direction,
-        count: usize,
+        limit: PageLimit,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        Ok(self.read_with_head(bid, query, start, direction, count)?.0)
+        Ok(self.read_with_head(bid, query, start, direction, limit)?.0)
     }
 
     /// An ascending page for a subscription, and the prepare position to continue from:
-    /// after the last event if the page is full, else the head of the snapshot read (every
-    /// event below it has been considered, matching or not).
+    /// after the last event if the page is full (by count or bytes), else the head of the
+    /// snapshot read (every event below it has been considered, matching or not).
     pub fn read_page(
         &self,
         bid: u32,
         query: &Query,
         start: ReadStart,
-        limit: usize,
+        limit: PageLimit,
     ) -> Result<(Vec<StoredEvent>, u64), StoreError> {
         let (events, head) = self.read_with_head(bid, query, start, Direction::Asc, limit)?;
+        let bytes: usize = events.iter().map(event_bytes).sum();
         let next = match events.last() {
-            Some(last) if events.len() >= limit => last.position.prepare as u64 + 1,
+            Some(last) if events.len() >= limit.events || bytes >= limit.bytes => {
+                last.position.prepare as u64 + 1
+            }
             _ => head,
         };
         Ok((events, next))
@@ -386,7 +443,7 @@ impl Store {
         query: &Query,
         start: ReadStart,
         direction: Direction,
-        count: usize,
+        limit: PageLimit,
     ) -> Result<(Vec<StoredEvent>, u64), StoreError> {
         let snapshot = self.inner.db.snapshot();
         let view = self.snapshot_view(&snapshot, bid);
@@ -405,7 +462,7 @@ impl Store {
             (ReadStart::Prepare(p), Direction::Asc) => Some(p),
             (ReadStart::Prepare(p), Direction::Desc) => Some(p),
         };
-        Ok((view.page(query, start, head, direction, count)?, head))
+        Ok((view.page(query, start, head, direction, limit)?, head))
     }
 
     /// The newest event per criterion, all from one snapshot (G2), and the context
@@ -445,7 +502,8 @@ impl Store {
         bid: u32,
         last: Position,
     ) -> Result<Option<Vec<Observation>>, StoreError> {
-        if last.prepare < 0 || last.commit != last.prepare + 1 {
+        // The write id is the client's: `0:9223372036854775807` must not overflow.
+        if last.prepare < 0 || last.prepare.checked_add(1) != Some(last.commit) {
             return Ok(None);
         }
         let snapshot = self.inner.db.snapshot();

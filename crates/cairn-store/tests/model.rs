@@ -12,7 +12,7 @@ use cairn_core::error::EventIdReuse;
 use cairn_core::event::{NewEvent, RawEvent};
 use cairn_core::query::normalize_observations;
 use cairn_core::{Criterion, Error, Observation, Position, Query};
-use cairn_store::{Direction, ReadStart, Store, StoreOptions};
+use cairn_store::{Direction, PageLimit, ReadStart, Store, StoreOptions};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::cell::Cell;
@@ -520,7 +520,7 @@ fn run_ops(ops: Vec<Op>, idempotent: bool) -> Result<(), TestCaseError> {
                 };
                 let expected = model.read(&q, start, dir, count);
                 let got = store
-                    .read_events(bid, &q, start, dir, count)
+                    .read_events(bid, &q, start, dir, PageLimit::events(count))
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 let got_positions: Vec<Position> = got.iter().map(|e| e.position).collect();
                 if !got.is_empty() {

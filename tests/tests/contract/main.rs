@@ -12,6 +12,7 @@ mod events;
 mod idempotent;
 mod indexes;
 mod info;
+mod limits;
 mod matching;
 mod observability;
 mod positions;

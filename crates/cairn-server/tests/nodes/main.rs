@@ -5,8 +5,10 @@
 //! support harness compiled once, and the bank run overlaps the cluster tests instead of
 //! waiting for them (filter with `-- bank::`, `-- cluster::`, ...).
 
+mod abuse;
 mod bank;
 mod cluster;
+mod disk;
 mod durability;
 mod exactly_once;
 mod first_contact;

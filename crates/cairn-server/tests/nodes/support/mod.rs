@@ -127,6 +127,22 @@ impl Node {
         }
     }
 
+    /// Waits up to `within` for the process to exit on its own; its status, if it did.
+    pub async fn exited(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let child = self.child.as_mut().expect("running");
+            if let Some(status) = child.try_wait().expect("wait") {
+                self.child = None;
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// SIGTERM, and wait for the process to exit.
     pub async fn terminate(mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");

@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn a_minimal_manifest_gets_the_documented_defaults() {
-        let boundary: Boundary = serde_yaml::from_str(
+        let boundary: Boundary = serde_saphyr::from_str(
             "apiVersion: cairn.dev/v1alpha1\nkind: Boundary\nmetadata: {name: orders}\nspec: {}\n",
         )
         .expect("parse");

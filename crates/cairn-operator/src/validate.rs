@@ -382,7 +382,7 @@ mod tests {
     use kube::api::ObjectMeta;
 
     fn boundary(spec_yaml: &str) -> Boundary {
-        let spec: BoundarySpec = serde_yaml::from_str(spec_yaml).expect("spec");
+        let spec: BoundarySpec = serde_saphyr::from_str(spec_yaml).expect("spec");
         Boundary {
             metadata: ObjectMeta {
                 name: Some("orders-eu".into()),

@@ -84,8 +84,9 @@ impl Default for ConnectionLimits {
 pub fn grpc_server(limits: &ConnectionLimits) -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        // The stream cap bounds a connection's calls in progress too: tower's per-connection
+        // concurrency limit on top would only add a semaphore to every call.
         .max_concurrent_streams(limits.max_streams_per_connection)
-        .concurrency_limit_per_connection(limits.max_streams_per_connection as usize)
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
         .http2_keepalive_interval(Some(limits.keepalive_interval))

@@ -117,22 +117,84 @@ pub fn canonicalize(
     payload: Payload,
     what: &dyn Fn() -> String,
 ) -> Result<Canonical, Error> {
+    refuse_serde_json_marker(text, what)?;
     match flat_object(trim_payload(text), payload) {
         Some(fast) => Ok(fast),
         None => canonicalize_tree(text, payload, what),
     }
 }
 
+/// The prefix of the keys serde_json represents its private types by
+/// (`$serde_json::private::Number` with `arbitrary_precision`,
+/// `$serde_json::private::RawValue` with `raw_value`): its tree parser reads any object
+/// whose first key is one of them as that type (`{"a":{"<number key>":"12"}}` would be
+/// stored as `{"a":12}`, a top-level one is "not valid JSON"). Found by the `json_canonical`
+/// fuzz target. A payload with this text anywhere (in a key or a value, escaped or not) is
+/// refused, so that what is stored is always what was sent.
+pub const SERDE_JSON_MARKER: &str = "$serde_json::private::";
+
+fn refuse_serde_json_marker(text: &str, what: &dyn Fn() -> String) -> Result<(), Error> {
+    let refused = || {
+        Error::invalid(format!(
+            "{} holds the string {SERDE_JSON_MARKER:?}, which Cairn's JSON parser reserves",
+            what()
+        ))
+    };
+    if !text.contains('\\') {
+        return if text.contains(SERDE_JSON_MARKER) {
+            Err(refused())
+        } else {
+            Ok(())
+        };
+    }
+    // Escapes can spell the marker: decode every string that has one.
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'"' {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut escaped = false;
+        i += 1;
+        while i < bytes.len() && bytes[i] != b'"' {
+            if bytes[i] == b'\\' {
+                escaped = true;
+                i += 1;
+            }
+            i += 1;
+        }
+        if i >= bytes.len() {
+            // Unterminated: the parser refuses the payload anyway.
+            return Ok(());
+        }
+        let token = &text[start..=i];
+        let is_marker = if escaped {
+            serde_json::from_str::<String>(token).is_ok_and(|s| s.contains(SERDE_JSON_MARKER))
+        } else {
+            token.contains(SERDE_JSON_MARKER)
+        };
+        if is_marker {
+            return Err(refused());
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
 fn trim_payload(text: &str) -> &str {
     text.trim_matches(|c: char| c.is_ascii_whitespace())
 }
 
-/// The general path of [`canonicalize`].
-fn canonicalize_tree(
+/// The general path of [`canonicalize`]. Public so that the fuzz target can hold the fast
+/// path to it on any input.
+pub fn canonicalize_tree(
     text: &str,
     payload: Payload,
     what: &dyn Fn() -> String,
 ) -> Result<Canonical, Error> {
+    refuse_serde_json_marker(text, what)?;
     let mut object = parse_object(text, what)?;
     if payload == Payload::Data {
         object.shift_remove(EVENT_TYPE_KEY);
@@ -329,6 +391,33 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn serde_json_markers_are_refused_however_they_are_spelled() {
+        let what = || "event 0 data".to_string();
+        for text in [
+            r#"{"$serde_json::private::Number":"","k":""}"#,
+            r#"{"a":{"$serde_json::private::Number":"12"}}"#,
+            r#"{"a":"$serde_json::private::Number"}"#,
+            "{\"$serde_json::private::RawValue\":\t\t-5}",
+            r#"{"":"\u0581 $serde_json::private::Numbers"}"#,
+            r#"{"\u0024serde_json::private::Number":"12","b":"\n"}"#,
+            r#"{"x":"\"","a":{"$serde_json::private::Num\u0062er":"1"}}"#,
+        ] {
+            for payload in [Payload::Data, Payload::Metadata] {
+                let err = canonicalize(text, payload, &what).expect_err(text);
+                assert!(err.to_string().contains("reserves"), "{text}: {err}");
+                assert!(canonicalize_tree(text, payload, &what).is_err(), "{text}");
+            }
+        }
+        // Strings that merely resemble it are stored.
+        for text in [
+            r#"{"serde_json::private::Number":"12"}"#,
+            r#"{"a":"\u0024serde_json","b":"private::Number"}"#,
+        ] {
+            canonicalize(text, Payload::Data, &what).expect(text);
+        }
+    }
 
     #[test]
     fn numbers_print_like_postgres_numeric() {

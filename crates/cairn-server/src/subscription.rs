@@ -399,19 +399,16 @@ async fn run(
             continue;
         }
         // Caught up: sleep until the boundary grows past what we have read.
-        loop {
-            tokio::select! {
-                changed = async { heads.wait_for(|head| *head > next).await.map(|_| ()) } => {
-                    if changed.is_err() {
-                        return Err(Error::Unavailable("server is shutting down".into()));
-                    }
-                    break;
-                }
-                _ = lost.cancelled() => return Err(tracked.lost.error()),
-                _ = tx.closed() => return Ok(()),
-                _ = node.shutdown.cancelled() => {
+        tokio::select! {
+            changed = async { heads.wait_for(|head| *head > next).await.map(|_| ()) } => {
+                if changed.is_err() {
                     return Err(Error::Unavailable("server is shutting down".into()));
                 }
+            }
+            _ = lost.cancelled() => return Err(tracked.lost.error()),
+            _ = tx.closed() => return Ok(()),
+            _ = node.shutdown.cancelled() => {
+                return Err(Error::Unavailable("server is shutting down".into()));
             }
         }
     }

@@ -164,7 +164,7 @@ async fn large_events_come_back_in_byte_capped_pages() {
             "a page stops at the event that reaches the budget: {bytes}"
         );
         let Some(last) = page.last() else { break };
-        let last_position = last.position.clone().expect("position");
+        let last_position = last.position.expect("position");
         pages += 1;
         for e in &page {
             let value: serde_json::Value = serde_json::from_str(&e.data).expect("json");

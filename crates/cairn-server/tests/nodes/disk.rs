@@ -112,7 +112,7 @@ async fn stored_ids(channel: Channel) -> Vec<String> {
             .into_inner()
             .events;
         let Some(last) = page.last() else { break };
-        let at = last.position.clone().expect("position");
+        let at = last.position.expect("position");
         from = Some(pb::Position {
             commit_position: at.commit_position,
             prepare_position: at.prepare_position + 1,

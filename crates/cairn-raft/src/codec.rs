@@ -113,9 +113,12 @@ pub fn decode_append_entries(bytes: &[u8]) -> Result<AppendEntriesRequest<TypeCo
     for _ in 0..count {
         let (entry, after) = postcard::take_from_bytes::<Entry>(rest)?;
         if let EntryPayload::Normal(proposal) = &entry.payload {
-            // The command's bytes follow the log id and the payload's variant byte.
+            // The command's bytes follow the log id and the payload's variant, a varint:
+            // one byte as postcard writes it, but a peer's may be longer (0x81 0x00 is 1
+            // too), and remembering from the wrong offset would log another command.
             let (_, payload) = postcard::take_from_bytes::<LogId<u64>>(rest)?;
-            if let Some(command) = payload.get(1..payload.len().saturating_sub(after.len())) {
+            let (_, command) = postcard::take_from_bytes::<u32>(payload)?;
+            if let Some(command) = command.get(..command.len().saturating_sub(after.len())) {
                 proposal.remember(command);
             }
         }
@@ -230,6 +233,35 @@ mod tests {
             assert_eq!(encode_append_entries(&decoded).expect("encode"), generic);
         }
         assert!(decode_append_entries(&[]).is_err());
+    }
+
+    #[test]
+    fn a_payload_variant_spelled_in_two_bytes_remembers_the_command_it_decoded() {
+        // Found by fuzz/raft_codecs: postcard reads 0x81 0x00 as variant 1 (Normal).
+        let command = Command::DropIndex {
+            boundary: "b".into(),
+            name: "n".into(),
+        };
+        let mut bytes = vec![POSTCARD_V1];
+        bytes.extend(postcard::to_allocvec(&Vote::<u64>::new_committed(3, 1)).expect("vote"));
+        bytes.extend([0, 1]); // no prev_log_id; one entry
+        bytes.extend(
+            postcard::to_allocvec(&LogId::new(openraft::CommittedLeaderId::new(3, 1), 7))
+                .expect("log id"),
+        );
+        bytes.extend([0x81, 0x00]);
+        bytes.extend(postcard::to_allocvec(&command).expect("command"));
+        bytes.push(0); // no leader_commit
+        let rpc = decode_append_entries(&bytes).expect("decodes");
+        let EntryPayload::Normal(proposal) = &rpc.entries[0].payload else {
+            panic!("not a normal entry: {:?}", rpc.entries[0]);
+        };
+        assert_eq!(proposal.command(), &command);
+        assert_eq!(
+            decode::<Entry>(&encode_entry(&rpc.entries[0]).expect("encode")).expect("decode"),
+            rpc.entries[0],
+            "the log would hold another command"
+        );
         assert!(decode_append_entries(&[1, 0xff, 0xff]).is_err());
     }
     use cairn_core::command::{Append, Command};

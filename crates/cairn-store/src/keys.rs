@@ -264,6 +264,10 @@ pub fn commit_of_event_value(value: &[u8]) -> Result<u64, StoreError> {
 pub fn decode_event(prepare: u64, value: &[u8]) -> Result<StoredEvent, StoreError> {
     let bad = |what: &str| StoreError::corrupt("events", &format!("event {prepare}: {what}"));
     let commit = commit_of_event_value(value)?;
+    // Positions are non-negative i64s on the wire: a larger one is damage, not a position.
+    let (Ok(commit_at), Ok(prepare_at)) = (i64::try_from(commit), i64::try_from(prepare)) else {
+        return Err(bad("position beyond 2^63"));
+    };
     let created: [u8; 8] = value
         .get(8..16)
         .and_then(|s| s.try_into().ok())
@@ -287,7 +291,7 @@ pub fn decode_event(prepare: u64, value: &[u8]) -> Result<StoredEvent, StoreErro
     let event_type = strings.pop().unwrap_or_default();
     let event_id = strings.pop().unwrap_or_default();
     Ok(StoredEvent {
-        position: Position::of_event(prepare, commit),
+        position: Position::new(commit_at, prepare_at),
         event_id,
         event_type,
         data,
@@ -299,6 +303,24 @@ pub fn decode_event(prepare: u64, value: &[u8]) -> Result<StoredEvent, StoreErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_position_beyond_i64_is_damage_not_a_negative_position() {
+        let v = encode_event(1 << 63, 0, "", "", "", "");
+        assert!(matches!(
+            decode_event(5, &v),
+            Err(StoreError::Corrupt { .. })
+        ));
+        let v = encode_event(7, 0, "", "", "", "");
+        assert!(decode_event(1 << 63, &v).is_err());
+        assert!(
+            decode_event(
+                i64::MAX as u64,
+                &encode_event(i64::MAX as u64, 0, "", "", "", "")
+            )
+            .is_ok()
+        );
+    }
 
     #[test]
     fn event_roundtrip() {

@@ -15,6 +15,8 @@
 mod apply;
 mod catalog;
 mod checkpoint;
+#[cfg(fuzzing)]
+pub mod fuzzing;
 pub mod keys;
 mod planned;
 mod posting;

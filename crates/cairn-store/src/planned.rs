@@ -33,7 +33,7 @@ pub(crate) enum RowCf {
 }
 
 impl RowCf {
-    const ALL: [RowCf; 4] = [RowCf::Events, RowCf::Tags, RowCf::EventIds, RowCf::Writes];
+    pub(crate) const ALL: [RowCf; 4] = [RowCf::Events, RowCf::Tags, RowCf::EventIds, RowCf::Writes];
 
     fn name(self) -> &'static str {
         match self {
@@ -65,7 +65,7 @@ impl RowSink for BatchRows<'_> {
 
 /// Rows encoded for a log entry.
 #[derive(Default)]
-pub(crate) struct EncodedRows(Vec<u8>);
+pub(crate) struct EncodedRows(pub(crate) Vec<u8>);
 
 impl RowSink for EncodedRows {
     fn put(&mut self, cf: RowCf, key: &[u8], value: &[u8]) {
@@ -80,7 +80,7 @@ impl RowSink for EncodedRows {
 }
 
 /// Calls `put` for every row of `rows` (see the module docs for the encoding).
-fn decode_rows(
+pub(crate) fn decode_rows(
     mut rows: &[u8],
     mut put: impl FnMut(RowCf, &[u8], &[u8]),
 ) -> Result<(), StoreError> {

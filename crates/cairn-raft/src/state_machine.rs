@@ -527,7 +527,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             let _guard = snapshots.guard();
             let staged = snapshots.path.join(format!("installing-{}", unix_nanos()));
-            unpack_dir(&received, &staged).map_err(|e| snap_err(&e))?;
+            if let Err(e) = unpack_dir(&received, &staged) {
+                // A leader that keeps sending a bad snapshot must not fill the disk with
+                // half-unpacked copies until the next restart clears them.
+                tracing::error!("failed to unpack the snapshot received from the leader: {e}");
+                if let Err(clean) = std::fs::remove_dir_all(&staged) {
+                    tracing::warn!("failed to remove {}: {clean}", staged.display());
+                }
+                if let Err(clean) = std::fs::remove_file(&received) {
+                    tracing::warn!("failed to remove {}: {clean}", received.display());
+                }
+                return Err(snap_err(&e));
+            }
             // Written first, so a restart that finishes an interrupted install (see
             // `StateMachine::new`) finds a complete snapshot directory to promote.
             std::fs::write(staged.join(META_FILE), &meta_bytes).map_err(|e| snap_err(&e))?;
@@ -813,6 +824,54 @@ mod tests {
         );
         assert_eq!(events(&crashed, "b"), events(&whole, "b"));
         assert_eq!(events(&whole, "a"), vec!["e0", "e1", "e0"]);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_that_does_not_unpack_changes_nothing_and_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path().join("db"), &StoreOptions::default()).expect("open");
+        store
+            .apply(
+                &create("a"),
+                &encode(&AppliedMarker::default()).expect("marker"),
+            )
+            .expect("create a")
+            .expect("created");
+        let snapshots = dir.path().join("snapshots");
+        let mut sm = StateMachine::new(
+            store.clone(),
+            snapshots.clone(),
+            HeadWatch::default(),
+            Arc::new(crate::NoObserver),
+        )
+        .expect("state machine");
+        // A pack whose one file claims more bytes than follow.
+        let mut bad = b"CAIRN-SNAPSHOT-1\n".to_vec();
+        bad.extend(7u32.to_be_bytes());
+        bad.extend(b"OPTIONS");
+        bad.extend(1000u64.to_be_bytes());
+        bad.extend(b"short");
+        let sent = dir.path().join("sent.pack");
+        std::fs::write(&sent, &bad).expect("write");
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(9, 1), 90)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "9-90-1".into(),
+        };
+        let file = tokio::fs::File::open(&sent).await.expect("open");
+        sm.install_snapshot(&meta, Box::new(file))
+            .await
+            .expect_err("a truncated pack is refused");
+        let left: Vec<String> = std::fs::read_dir(&snapshots)
+            .expect("snapshots dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            left.iter()
+                .all(|n| !n.starts_with("installing-") && !n.starts_with("received-")),
+            "left behind: {left:?}"
+        );
+        assert!(store.with_catalog(|c| c.active_boundary("a").is_some()));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

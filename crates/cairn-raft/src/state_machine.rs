@@ -826,8 +826,8 @@ mod tests {
         assert_eq!(events(&whole, "a"), vec!["e0", "e1", "e0"]);
     }
 
-    #[tokio::test]
-    async fn a_snapshot_that_does_not_unpack_changes_nothing_and_leaves_nothing_behind() {
+    /// A state machine (snapshots in `<dir>/snapshots`) whose store holds boundary "a".
+    fn state_machine_with_boundary_a() -> (tempfile::TempDir, Store, StateMachine) {
         let dir = tempfile::tempdir().expect("dir");
         let store = Store::open(dir.path().join("db"), &StoreOptions::default()).expect("open");
         store
@@ -837,14 +837,20 @@ mod tests {
             )
             .expect("create a")
             .expect("created");
-        let snapshots = dir.path().join("snapshots");
-        let mut sm = StateMachine::new(
+        let sm = StateMachine::new(
             store.clone(),
-            snapshots.clone(),
+            dir.path().join("snapshots"),
             HeadWatch::default(),
             Arc::new(crate::NoObserver),
         )
         .expect("state machine");
+        (dir, store, sm)
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_that_does_not_unpack_changes_nothing_and_leaves_nothing_behind() {
+        let (dir, store, mut sm) = state_machine_with_boundary_a();
+        let snapshots = dir.path().join("snapshots");
         // A pack whose one file claims more bytes than follow.
         let mut bad = b"CAIRN-SNAPSHOT-1\n".to_vec();
         bad.extend(7u32.to_be_bytes());
@@ -876,22 +882,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_snapshot_being_sent_survives_new_snapshots_being_built() {
-        let dir = tempfile::tempdir().expect("dir");
-        let store = Store::open(dir.path().join("db"), &StoreOptions::default()).expect("open");
-        store
-            .apply(
-                &create("a"),
-                &encode(&AppliedMarker::default()).expect("marker"),
-            )
-            .expect("create a")
-            .expect("created");
-        let mut sm = StateMachine::new(
-            store,
-            dir.path().join("snapshots"),
-            HeadWatch::default(),
-            Arc::new(crate::NoObserver),
-        )
-        .expect("state machine");
+        let (_dir, _store, mut sm) = state_machine_with_boundary_a();
         let mut builder = sm.get_snapshot_builder().await;
         builder.build_snapshot().await.expect("first snapshot");
         // Each build swaps the current snapshot and removes the packs of older ones while

@@ -15,6 +15,7 @@ use crate::log_store::LogStore;
 use crate::network::{Network, PeerTransport};
 use crate::node::RaftNode;
 use crate::proposer::Proposer;
+use crate::standing::{self, Standing};
 use crate::state_machine::StateMachine;
 use crate::{Raft, RaftError, RaftObserver};
 
@@ -59,8 +60,9 @@ impl Default for RaftTiming {
 pub enum Formation {
     /// Form a one-node group of this node (`cairn serve` without peers).
     Alone,
-    /// These members (node id → peer address, this node among them) form the group; the
-    /// lowest id initialises it, the others wait to hear from it.
+    /// These members (node id → peer address, this node among them) form the group once
+    /// every one of them is known to have no log (see [`crate::Standing`]); the lowest id
+    /// initialises it, the others wait to hear from it.
     Initial(BTreeMap<u64, String>),
     /// Never initialise: a running group adds this node (`--join`).
     Join,
@@ -164,37 +166,13 @@ fn raft_config(opts: &NodeOptions) -> Result<Config, RaftError> {
     .validate()?)
 }
 
-/// The members to initialise a new group with, if this node is the one to do it.
-pub(crate) fn members_to_initialise(
-    node_id: u64,
-    advertise_addr: &str,
-    formation: &Formation,
-) -> Option<BTreeMap<u64, BasicNode>> {
-    match formation {
-        Formation::Alone => Some(BTreeMap::from([(
-            node_id,
-            BasicNode {
-                addr: advertise_addr.to_string(),
-            },
-        )])),
-        Formation::Initial(members) => {
-            let lowest = *members.keys().next()?;
-            (lowest == node_id).then(|| {
-                members
-                    .iter()
-                    .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
-                    .collect()
-            })
-        }
-        Formation::Join => None,
-    }
-}
-
 impl RaftNode {
-    /// Opens storage and starts openraft. A node without Raft state initialises a new group
-    /// when its [`Formation`] says it is the one to (alone, or the lowest initial member);
-    /// otherwise, and on every restart, it waits for a leader to contact it. Returns as soon
-    /// as openraft runs: whether and when this node leads is for the caller to watch.
+    /// Opens storage and starts openraft. A node alone without Raft state initialises a new
+    /// group; any other node without it starts [`Standing::Undecided`], out of elections,
+    /// until the caller learns whether the group is new ([`RaftNode::form_new_group`]) or
+    /// has a log this node lost ([`RaftNode::begin_rejoin`]). A node with its state, or one
+    /// that was rejoining when it stopped, goes on as it was. Returns as soon as openraft
+    /// runs: whether and when this node leads is for the caller to watch.
     pub async fn start(opts: NodeOptions) -> Result<RaftNode, RaftError> {
         let store = open_store(&opts).await?;
         let heads = HeadWatch::default();
@@ -219,21 +197,36 @@ impl RaftNode {
             .is_initialized()
             .await
             .map_err(|e| RaftError::Fatal(e.to_string()))?;
-        if !initialized {
-            match members_to_initialise(opts.node_id, &opts.advertise_addr, &opts.formation) {
-                Some(members) => {
-                    let ids: Vec<u64> = members.keys().copied().collect();
-                    raft.initialize(members)
-                        .await
-                        .map_err(|e| RaftError::Initialize(e.to_string()))?;
-                    tracing::info!(node_id = opts.node_id, members = ?ids, "initialised a new raft group");
-                }
-                None => tracing::info!(
+        let rejoining = standing::marker_path(&opts.data_dir).exists();
+        let standing = match (&opts.formation, initialized, rejoining) {
+            // A group of one has no one to lose writes to.
+            (Formation::Alone, true, _) => Standing::Voting,
+            (_, _, true) => Standing::Rejoining,
+            (_, true, false) => Standing::Voting,
+            (Formation::Alone, false, false) => {
+                let members = BTreeMap::from([(
+                    opts.node_id,
+                    BasicNode {
+                        addr: opts.advertise_addr.clone(),
+                    },
+                )]);
+                raft.initialize(members)
+                    .await
+                    .map_err(|e| RaftError::Initialize(e.to_string()))?;
+                tracing::info!(
                     node_id = opts.node_id,
-                    "no raft state yet: waiting for the group's leader to contact this node"
-                ),
+                    "initialised a new one-node raft group"
+                );
+                Standing::Voting
             }
-        }
+            (Formation::Initial(_) | Formation::Join, false, false) => {
+                tracing::info!(
+                    node_id = opts.node_id,
+                    "no raft state yet: this node does not vote until it knows whether the group is new"
+                );
+                Standing::Undecided
+            }
+        };
         let proposer = Proposer::spawn(
             raft.clone(),
             store.clone(),
@@ -241,29 +234,14 @@ impl RaftNode {
             opts.max_inflight_batches,
             opts.snapshot_every_bytes,
         );
-        Ok(RaftNode::new(raft, store, heads, opts.node_id, proposer))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_lowest_initial_member_forms_a_group() {
-        let members = BTreeMap::from([
-            (3, "c:5006".to_string()),
-            (1, "a:5006".to_string()),
-            (2, "b:5006".to_string()),
-        ]);
-        let initial = Formation::Initial(members);
-        let formed = members_to_initialise(1, "a:5006", &initial).expect("node 1 forms it");
-        assert_eq!(formed.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
-        assert_eq!(formed[&2].addr, "b:5006");
-        assert!(members_to_initialise(2, "b:5006", &initial).is_none());
-        assert!(members_to_initialise(7, "x:1", &Formation::Join).is_none());
-        let alone = members_to_initialise(4, "me:5006", &Formation::Alone).expect("alone");
-        assert_eq!(alone.len(), 1);
-        assert_eq!(alone[&4].addr, "me:5006");
+        Ok(RaftNode::new(
+            raft,
+            store,
+            heads,
+            opts.node_id,
+            proposer,
+            standing,
+            opts.data_dir.clone(),
+        ))
     }
 }

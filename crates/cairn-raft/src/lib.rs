@@ -18,6 +18,7 @@ mod node;
 mod planner;
 mod proposal;
 mod proposer;
+mod standing;
 mod state_machine;
 
 pub use bootstrap::{
@@ -30,6 +31,7 @@ pub use network::{Network, NoPeers, PeerLink, PeerTransport, RpcResult};
 pub use node::{ClusterView, Member, RaftNode, Role};
 pub use proposal::Proposal;
 pub use proposer::DEFAULT_MAX_INFLIGHT_BATCHES;
+pub use standing::Standing;
 pub use state_machine::{MAX_SNAPSHOT_ID_BYTES, StateMachine, valid_snapshot_id};
 
 /// Receives state-machine events, so the server can export metrics without this crate
@@ -118,6 +120,10 @@ pub enum RaftError {
     /// Timed out waiting for the node to become ready.
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
+    /// The marker that keeps a node that lost its state from voting could not be written
+    /// or removed.
+    #[error("failed to record whether this node may vote: {0}")]
+    Standing(String),
 }
 
 fn forward_message(leader_id: Option<u64>, leader_addr: Option<&str>) -> String {
@@ -158,7 +164,8 @@ impl From<RaftError> for cairn_core::Error {
             RaftError::Store(_)
             | RaftError::Storage(_)
             | RaftError::Config(_)
-            | RaftError::Initialize(_) => cairn_core::Error::Internal(e.to_string()),
+            | RaftError::Initialize(_)
+            | RaftError::Standing(_) => cairn_core::Error::Internal(e.to_string()),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! and reports its view of the group.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use openraft::{BasicNode, ChangeMembers, ServerState};
 use crate::coalesce::Coalescer;
 use crate::heads::HeadWatch;
 use crate::proposer::Proposer;
+use crate::standing::{self, RejoinProgress, Standing};
 use crate::{Raft, RaftError};
 
 /// A member of the group: its Raft id and the address peers use to reach it.
@@ -92,6 +94,10 @@ pub struct RaftNode {
     leader_changes: tokio::sync::watch::Receiver<u64>,
     /// Confirmed read indexes, one quorum round for every read waiting when it starts.
     read_indexes: Coalescer<(), Result<u64, Arc<RaftError>>>,
+    /// Whether this node takes part in elections.
+    standing: Arc<tokio::sync::watch::Sender<Standing>>,
+    /// Where the rejoin marker lives.
+    data_dir: PathBuf,
 }
 
 impl std::fmt::Debug for RaftNode {
@@ -116,6 +122,8 @@ impl RaftNode {
         heads: HeadWatch,
         node_id: u64,
         proposer: Proposer,
+        standing: Standing,
+        data_dir: PathBuf,
     ) -> Self {
         let current_leader = Arc::new(AtomicU64::new(0));
         // Server metrics change with leadership and membership only, not per entry.
@@ -144,7 +152,7 @@ impl RaftNode {
                 }
             })
         };
-        RaftNode {
+        let node = RaftNode {
             raft,
             store,
             heads,
@@ -153,7 +161,108 @@ impl RaftNode {
             current_leader,
             leader_changes,
             read_indexes,
+            standing: Arc::new(tokio::sync::watch::Sender::new(standing)),
+            data_dir,
+        };
+        node.raft
+            .runtime_config()
+            .elect(standing == Standing::Voting);
+        if standing == Standing::Rejoining {
+            node.spawn_rejoin_watch();
         }
+        node
+    }
+
+    /// Whether this node takes part in elections (see [`Standing`]).
+    pub fn standing(&self) -> Standing {
+        *self.standing.borrow()
+    }
+
+    /// The same, changing as the node's standing does.
+    pub fn watch_standing(&self) -> tokio::sync::watch::Receiver<Standing> {
+        self.standing.subscribe()
+    }
+
+    /// True while this node may grant votes: a node that lost its state must not.
+    pub fn may_vote(&self) -> bool {
+        self.standing() == Standing::Voting
+    }
+
+    /// An undecided node heard from every initial member that none has a log: the group is
+    /// new. It votes from now on, and the lowest member initialises the group.
+    pub async fn form_new_group(&self, members: &BTreeMap<u64, String>) -> Result<(), RaftError> {
+        if self.standing() != Standing::Undecided {
+            return Ok(());
+        }
+        self.standing.send_replace(Standing::Voting);
+        self.raft.runtime_config().elect(true);
+        let lowest = members.keys().next().copied();
+        if lowest == Some(self.node_id) {
+            let nodes: BTreeMap<u64, BasicNode> = members
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+                .collect();
+            self.raft
+                .initialize(nodes)
+                .await
+                .map_err(|e| RaftError::Initialize(e.to_string()))?;
+            let ids: Vec<u64> = members.keys().copied().collect();
+            tracing::info!(node_id = self.node_id, members = ?ids, "initialised a new raft group");
+        }
+        Ok(())
+    }
+
+    /// A node without its Raft state learnt that the group has a log (or it joins): it stays
+    /// out of elections until a leader has made it a learner and then a voter again. The
+    /// marker is on disk before this returns, so a restart keeps it out too.
+    pub fn begin_rejoin(&self) -> Result<(), RaftError> {
+        if self.standing() == Standing::Rejoining {
+            return Ok(());
+        }
+        standing::write_marker(&self.data_dir)?;
+        self.raft.runtime_config().elect(false);
+        self.standing.send_replace(Standing::Rejoining);
+        tracing::warn!(
+            node_id = self.node_id,
+            "this node has no raft state but the group has a log: it does not vote until the leader has made it a learner and then a voter again"
+        );
+        self.spawn_rejoin_watch();
+        Ok(())
+    }
+
+    /// Watches the committed membership of a rejoining node and lets it vote once the
+    /// leader made it a voter after a learner.
+    fn spawn_rejoin_watch(&self) {
+        let node = self.clone();
+        tokio::spawn(async move {
+            let mut metrics = node.raft.metrics();
+            let mut progress = RejoinProgress::default();
+            loop {
+                let placement =
+                    standing::committed_placement(&metrics.borrow_and_update(), node.node_id);
+                if progress.observe(placement) {
+                    match standing::remove_marker(&node.data_dir) {
+                        Ok(()) => {
+                            node.standing.send_replace(Standing::Voting);
+                            node.raft.runtime_config().elect(true);
+                            tracing::info!(
+                                node_id = node.node_id,
+                                "rejoined as a voter: this node votes again"
+                            );
+                        }
+                        // Still out of elections: safe, and the next start looks again.
+                        Err(e) => tracing::error!(
+                            node_id = node.node_id,
+                            "failed to end the rejoin, the node stays out of elections: {e}"
+                        ),
+                    }
+                    return;
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
     }
 
     /// Proposes a command and waits until it is committed and applied. Concurrent calls
@@ -347,6 +456,24 @@ impl RaftNode {
             .await
             .map(|_| ())
             .map_err(membership_error)
+    }
+
+    /// On the leader: makes node `id`, which lost its state, a learner: a voter is demoted
+    /// (its place kept, so replication to it goes on), a stranger added. Returns once the
+    /// change is committed.
+    pub async fn make_learner(&self, id: u64, addr: String) -> Result<(), RaftError> {
+        let view = self.view();
+        if view.voters.iter().any(|m| m.id == id) {
+            self.raft
+                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), true)
+                .await
+                .map(|_| ())
+                .map_err(membership_error)
+        } else if view.learners.iter().any(|m| m.id == id) {
+            Ok(())
+        } else {
+            self.add_learner(id, addr).await
+        }
     }
 
     /// On the leader: makes learner `id` a voter.

@@ -108,12 +108,15 @@ pub async fn status(node: &NodeState) -> Result<pb::StatusResponse, Error> {
             .collect(),
         boundaries,
         version: crate::event_store::VERSION.to_string(),
+        standing: node.raft.standing().as_str().to_string(),
     })
 }
 
 fn membership(node: &NodeState) -> pb::MembershipResponse {
+    let view = node.raft.view();
     pb::MembershipResponse {
-        members: members(&node.raft.view()),
+        members: members(&view),
+        last_log_index: view.last_log_index,
     }
 }
 
@@ -124,6 +127,7 @@ fn remote(status: tonic::Status) -> Error {
 /// A membership change, carried out by the leader.
 enum Change {
     AddLearner { id: u64, address: String },
+    Rejoin { id: u64, address: String },
     Promote(u64),
     Remove(u64),
 }
@@ -139,6 +143,7 @@ async fn change_membership(
     loop {
         let local = match &change {
             Change::AddLearner { id, address } => node.raft.add_learner(*id, address.clone()).await,
+            Change::Rejoin { id, address } => node.raft.make_learner(*id, address.clone()).await,
             Change::Promote(id) => node.raft.promote(*id).await,
             Change::Remove(id) => node.raft.remove(*id).await,
         };
@@ -177,6 +182,14 @@ async fn on_leader(
                 }))
                 .await
         }
+        Change::Rejoin { id, address } => {
+            leader
+                .rejoin(node.peers.cluster_request(pb::RejoinRequest {
+                    node_id: id,
+                    address,
+                }))
+                .await
+        }
         Change::Promote(id) => {
             leader
                 .promote(
@@ -209,6 +222,26 @@ pub async fn add_learner(
         ));
     }
     change_membership(node, Change::AddLearner { id, address }).await
+}
+
+/// Makes a node that lost its Raft state a learner (on the leader; elsewhere the call goes
+/// to the leader): a voter is demoted, a node that is not a member added.
+pub async fn rejoin(
+    node: &NodeState,
+    id: u64,
+    address: String,
+) -> Result<pb::MembershipResponse, Error> {
+    if id == 0 || address.is_empty() {
+        return Err(Error::invalid(
+            "a rejoining node needs a node id ≥ 1 and an address",
+        ));
+    }
+    if id == node.raft.node_id() {
+        return Err(Error::invalid(
+            "a node cannot carry out its own rejoin: ask another member",
+        ));
+    }
+    change_membership(node, Change::Rejoin { id, address }).await
 }
 
 /// Promotes a learner to voter.

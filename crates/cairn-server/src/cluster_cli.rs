@@ -191,6 +191,7 @@ pub fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
             }))
             .collect::<Vec<_>>(),
         "version": s.version,
+        "standing": s.standing,
     })
 }
 
@@ -208,6 +209,14 @@ pub fn status_text(s: &pb::StatusResponse) -> String {
         "node {} ({}), term {}, {leader}, cairn {}",
         s.node_id, s.role, s.term, s.version
     );
+    if !s.standing.is_empty() && s.standing != "voting" {
+        let why = match s.standing.as_str() {
+            "undecided" => "no raft state: waiting for every initial member to answer",
+            "rejoining" => "lost its raft state: rejoining, it votes once it is a voter again",
+            _ => "",
+        };
+        let _ = writeln!(out, "does not vote ({}): {why}", s.standing);
+    }
     let _ = writeln!(
         out,
         "log: last {}, committed {}, applied {}",
@@ -290,6 +299,7 @@ mod tests {
                 },
             ],
             version: "0.1.0".into(),
+            standing: "rejoining".into(),
         }
     }
 
@@ -301,6 +311,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("    4  learner  d:5006"), "{text}");
+        assert!(
+            text.contains("does not vote (rejoining): lost its raft state"),
+            "{text}"
+        );
         assert!(text.contains("  orders  (7, 0)\n"), "{text}");
         assert!(
             text.contains("  payments  (3, 2)  idempotent event ids\n"),
@@ -311,6 +325,10 @@ mod tests {
         assert_eq!(value["members"][1]["voter"], false);
         assert_eq!(value["boundaries"][0]["commit_position"], 7);
         assert_eq!(value["boundaries"][1]["idempotent_event_ids"], true);
+        assert_eq!(value["standing"], "rejoining");
+        let mut voting = sample();
+        voting.standing = "voting".into();
+        assert!(!status_text(&voting).contains("does not vote"));
         let mut leaderless = sample();
         leaderless.leader_id = 0;
         leaderless.leader_address.clear();

@@ -172,8 +172,10 @@ pub struct ServeArgs {
     pub peer_listen: Option<SocketAddr>,
 
     /// The members of a new cluster, `id=host:port` of each peer port, this node included,
-    /// e.g. "1=cairn-0:5006,2=cairn-1:5006,3=cairn-2:5006". The lowest id forms the
-    /// cluster on first start; restarts use the membership stored in the data directory.
+    /// e.g. "1=cairn-0:5006,2=cairn-1:5006,3=cairn-2:5006". On an empty data directory
+    /// the node asks every member for its log: when all are empty the lowest id forms the
+    /// cluster; when one has a log this node lost its state and rejoins without voting
+    /// until it is a voter again. Restarts use the membership stored in the data directory.
     #[arg(
         long,
         env = "CAIRN_INITIAL_MEMBERS",

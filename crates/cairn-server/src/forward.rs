@@ -717,6 +717,12 @@ mod tests {
         ) -> Result<Response<pb::MembershipResponse>, Status> {
             unimplemented()
         }
+        async fn rejoin(
+            &self,
+            _: Request<pb::RejoinRequest>,
+        ) -> Result<Response<pb::MembershipResponse>, Status> {
+            unimplemented()
+        }
         async fn remove_node(
             &self,
             _: Request<pb::RemoveNodeRequest>,

@@ -11,6 +11,7 @@ pub mod cluster_cli;
 pub mod config;
 pub mod data_dir;
 pub mod event_store;
+pub mod formation;
 pub mod forward;
 pub mod grpc_layer;
 pub mod http;

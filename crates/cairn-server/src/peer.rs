@@ -399,6 +399,17 @@ fn starting() -> Status {
     ))
 }
 
+/// A candidate asked a node that does not vote (it lost its state, or does not know yet
+/// whether its group is new): no vote, as from a node that is down.
+fn not_voting(node: &NodeState) -> Status {
+    Status::unavailable(format!(
+        "node {} is {} and does not vote: {}",
+        node.raft.node_id(),
+        node.raft.standing().as_str(),
+        "a node without its raft state votes only once the group has made it a voter again"
+    ))
+}
+
 fn node_of(ready: &PeerReady) -> Result<Arc<NodeState>, Status> {
     ready.get().cloned().ok_or_else(starting)
 }
@@ -452,6 +463,9 @@ impl pb::raft_server::Raft for RaftService {
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
         let rpc: VoteRequest<u64> = decoded(request)?;
+        if !node.raft.may_vote() {
+            return Err(not_voting(&node));
+        }
         payload(&node.raft.raft().vote(rpc).await)
     }
 
@@ -558,6 +572,18 @@ impl pb::cluster_server::Cluster for ClusterService {
             .map_err(cairn_proto::to_status)
     }
 
+    async fn rejoin(
+        &self,
+        request: Request<pb::RejoinRequest>,
+    ) -> Result<tonic::Response<pb::MembershipResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        let req = request.into_inner();
+        crate::cluster::rejoin(&node, req.node_id, req.address)
+            .await
+            .map(tonic::Response::new)
+            .map_err(cairn_proto::to_status)
+    }
+
     async fn promote(
         &self,
         request: Request<pb::PromoteRequest>,
@@ -637,6 +663,9 @@ impl pb::cluster_server::Cluster for ClusterService {
         _request: Request<pb::ElectRequest>,
     ) -> Result<tonic::Response<pb::ElectResponse>, Status> {
         let node = node_of(&self.ready)?;
+        if !node.raft.may_vote() {
+            return Err(not_voting(&node));
+        }
         node.raft
             .raft()
             .trigger()

@@ -38,8 +38,6 @@ use crate::state::{NodeState, Ready};
 
 /// Time peers get to close their connections to a stopping node.
 const PEER_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-/// Pause between a joining node's requests to be added to the cluster.
-const JOIN_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Services whose health is reported (plus the server as a whole, "").
 const HEALTH_SERVICES: [&str; 3] = ["", "orisun.EventStore", "orisun.Admin"];
@@ -255,43 +253,6 @@ fn spawn_peer_server(
     PeerServer { stop, task }
 }
 
-/// A node started with `--join` and no Raft state asks the member at `target` (which hands
-/// the request to the leader) to add it as a learner, until that succeeds.
-fn spawn_join(node: Arc<NodeState>, targets: Vec<String>) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let address = node.config.advertise_addr.clone();
-        let node_id = node.raft.node_id();
-        // Any member forwards the request to the leader; when one is down, try the next.
-        for target in targets.iter().cycle() {
-            let request = node
-                .peers
-                .cluster_request(cairn_proto::cairn_v1::AddLearnerRequest {
-                    node_id,
-                    address: address.clone(),
-                });
-            let result = match node.peers.cluster(target) {
-                Ok(mut client) => client.add_learner(request).await.map(|_| ()),
-                Err(status) => Err(status),
-            };
-            match result {
-                Ok(()) => {
-                    tracing::info!(%target, node_id, "joined the cluster as a learner");
-                    return;
-                }
-                Err(status) => {
-                    tracing::warn!(
-                        %target,
-                        "failed to join the cluster, retrying in {}s: {}",
-                        JOIN_RETRY_INTERVAL.as_secs(),
-                        status.message()
-                    );
-                    tokio::time::sleep(JOIN_RETRY_INTERVAL).await;
-                }
-            }
-        }
-    })
-}
-
 /// Starts a node on already-bound listeners (the configured addresses are ignored) and
 /// returns once it serves. Clients may connect as soon as this is called: until storage
 /// and Raft are up, health reports NOT_SERVING and other calls UNAVAILABLE.
@@ -503,15 +464,7 @@ async fn serve_on(
         // Peers reach Raft from here on: a new member must take part in elections and
         // receive the log before it can serve.
         let _ = peer_ready.set(node.clone());
-        let join_task = match &config.cluster {
-            Some(cluster) => match &cluster.membership {
-                Membership::Join(targets) if !node.raft.is_member() => {
-                    Some(spawn_join(node.clone(), targets.clone()))
-                }
-                _ => None,
-            },
-            None => None,
-        };
+        let join_task = crate::formation::spawn(node.clone());
         let bootstrap_task = bootstrap::spawn(node.clone());
         if let Err(e) = bootstrap::wait_until_ready(&node).await {
             bootstrap_task.abort();

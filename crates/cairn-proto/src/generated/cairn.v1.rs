@@ -519,6 +519,12 @@ pub struct StatusResponse {
     /// The Cairn version this node runs.
     #[prost(string, tag = "12")]
     pub version: ::prost::alloc::string::String,
+    /// Whether this node takes part in elections: "voting"; "undecided" (a new group's member
+    /// without Raft state that has not heard from every initial member yet); "rejoining" (it
+    /// lost its state: it does not vote until the leader has made it a learner, it has caught
+    /// up, and it is a voter again).
+    #[prost(string, tag = "13")]
+    pub standing: ::prost::alloc::string::String,
 }
 /// Add a node as a learner (it replicates but does not vote).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -544,12 +550,27 @@ pub struct RemoveNodeRequest {
     #[prost(uint64, tag = "1")]
     pub node_id: u64,
 }
+/// A node that lost its Raft state (or joins) asks to be made a learner: a voter is
+/// demoted, keeping its place, a node that is not a member is added.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RejoinRequest {
+    /// Raft id of the node.
+    #[prost(uint64, tag = "1")]
+    pub node_id: u64,
+    /// Address the cluster reaches it at.
+    #[prost(string, tag = "2")]
+    pub address: ::prost::alloc::string::String,
+}
 /// The membership after a change.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct MembershipResponse {
     /// Members of the new configuration.
     #[prost(message, repeated, tag = "1")]
     pub members: ::prost::alloc::vec::Vec<Member>,
+    /// The index of the last entry in the log of the node that carried the change out (the
+    /// leader): a rejoining node has caught up once it has applied this far.
+    #[prost(uint64, tag = "2")]
+    pub last_log_index: u64,
 }
 /// Hand leadership to another voter.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -836,6 +857,28 @@ pub mod cluster_client {
                 .insert(GrpcMethod::new("cairn.v1.Cluster", "RemoveNode"));
             self.inner.unary(req, path, codec).await
         }
+        /// Internal: a node that lost its state becomes a learner (see RejoinRequest).
+        pub async fn rejoin(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RejoinRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::MembershipResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::StrictProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/cairn.v1.Cluster/Rejoin");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("cairn.v1.Cluster", "Rejoin"));
+            self.inner.unary(req, path, codec).await
+        }
         /// Move leadership to another voter.
         pub async fn transfer_leader(
             &mut self,
@@ -996,6 +1039,14 @@ pub mod cluster_server {
         async fn remove_node(
             &self,
             request: tonic::Request<super::RemoveNodeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::MembershipResponse>,
+            tonic::Status,
+        >;
+        /// Internal: a node that lost its state becomes a learner (see RejoinRequest).
+        async fn rejoin(
+            &self,
+            request: tonic::Request<super::RejoinRequest>,
         ) -> std::result::Result<
             tonic::Response<super::MembershipResponse>,
             tonic::Status,
@@ -1281,6 +1332,49 @@ pub mod cluster_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = RemoveNodeSvc(inner);
+                        let codec = crate::codec::StrictProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/cairn.v1.Cluster/Rejoin" => {
+                    #[allow(non_camel_case_types)]
+                    struct RejoinSvc<T: Cluster>(pub Arc<T>);
+                    impl<T: Cluster> tonic::server::UnaryService<super::RejoinRequest>
+                    for RejoinSvc<T> {
+                        type Response = super::MembershipResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RejoinRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Cluster>::rejoin(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RejoinSvc(inner);
                         let codec = crate::codec::StrictProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

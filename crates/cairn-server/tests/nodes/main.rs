@@ -13,3 +13,4 @@ mod durability;
 mod exactly_once;
 mod first_contact;
 mod support;
+mod wiped;

@@ -331,6 +331,15 @@ impl Cluster {
         self.member_mut(id).node = Some(node);
     }
 
+    /// Deletes the data of node `id`, which must be down, as a lost volume would.
+    pub fn wipe(&mut self, id: u64) {
+        assert!(self.member(id).node.is_none(), "node {id} still runs");
+        let data_dir = &self.member(id).data_dir;
+        if data_dir.exists() {
+            std::fs::remove_dir_all(data_dir).expect("wipe the data directory");
+        }
+    }
+
     /// Starts node `id` again without waiting for it to serve.
     pub fn relaunch(&mut self, id: u64) -> Launching {
         assert!(self.member(id).node.is_none(), "node {id} still runs");
@@ -390,8 +399,19 @@ impl Cluster {
         ClusterClient::new(channel)
     }
 
-    /// Node `id`'s view of the cluster.
+    /// Node `id`'s view of the cluster (UNAVAILABLE until its peer address is known).
     pub async fn status(&self, id: u64) -> Result<cluster_pb::StatusResponse, tonic::Status> {
+        let known = self
+            .member(id)
+            .upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if !known {
+            return Err(tonic::Status::unavailable(
+                "its peer address is not known yet",
+            ));
+        }
         let mut request = tonic::Request::new(cluster_pb::StatusRequest {});
         request.metadata_mut().insert(
             cairn_proto::CLUSTER_SECRET_HEADER,

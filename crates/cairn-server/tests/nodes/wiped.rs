@@ -1,0 +1,174 @@
+//! A member whose disk was wiped comes back with its original flags (as a StatefulSet pod
+//! whose volume was lost does): it must not vote on the log it lost, and it must rejoin
+//! and catch up without losing or repeating an acknowledged write.
+
+use crate::support;
+
+use std::time::Duration;
+
+use cairn_proto::orisun as pb;
+use cairn_proto::orisun::event_store_client::EventStoreClient;
+use support::admin;
+use support::cluster::{Cluster, wait_for};
+use tonic::transport::Channel;
+
+const BOUNDARY: &str = "default";
+/// How long the survivors are watched for a leader they must not elect (several election
+/// timeouts of the harness's timing).
+const NO_LEADER_WINDOW: Duration = Duration::from_secs(4);
+
+async fn client(cluster: &Cluster, id: u64) -> EventStoreClient<Channel> {
+    EventStoreClient::new(cluster.node(id).channel().await)
+}
+
+/// Writes `n` events one by one, each acknowledged; returns their ids in order.
+async fn write_acknowledged(es: &mut EventStoreClient<Channel>, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = uuid::Uuid::now_v7().to_string();
+        es.save_events_v2(admin(pb::SaveEventsV2Request {
+            boundary: BOUNDARY.into(),
+            events: vec![pb::EventToSave {
+                event_id: id.clone(),
+                event_type: "Deposited".into(),
+                data: format!(r#"{{"account":"a","n":{i}}}"#),
+                metadata: String::new(),
+            }],
+            consistency: vec![],
+        }))
+        .await
+        .expect("an acknowledged write");
+        ids.push(id);
+    }
+    ids
+}
+
+/// The ids of every event of the boundary on node `id`, oldest first.
+async fn event_ids(cluster: &Cluster, id: u64) -> Vec<String> {
+    let mut es = client(cluster, id).await;
+    es.get_events(admin(pb::GetEventsRequest {
+        boundary: BOUNDARY.into(),
+        count: 10_000,
+        direction: pb::Direction::Asc as i32,
+        ..Default::default()
+    }))
+    .await
+    .expect("read the events")
+    .into_inner()
+    .events
+    .into_iter()
+    .map(|e| e.event_id)
+    .collect()
+}
+
+/// Watches `ids` for [`NO_LEADER_WINDOW`] and fails if any of them leads or follows one of
+/// them: these nodes alone cannot elect a leader without a vote from a wiped node. (A node
+/// may still name the dead leader until its election timeout.)
+async fn no_leader_among(cluster: &Cluster, ids: &[u64]) {
+    let until = tokio::time::Instant::now() + NO_LEADER_WINDOW;
+    while tokio::time::Instant::now() < until {
+        for &id in ids {
+            if let Ok(status) = cluster.status(id).await {
+                assert!(
+                    !ids.contains(&status.leader_id),
+                    "node {id} follows a leader elected with a wiped node's vote: {status:?}"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until node `id` votes again and every running node counts it as a voter.
+async fn voter_again(cluster: &Cluster, id: u64, everyone: &[u64]) {
+    wait_for("the wiped node to be a voting member again", || async {
+        let own = cluster.status(id).await.ok()?;
+        if own.standing != "voting" {
+            return None;
+        }
+        for &other in everyone {
+            let status = cluster.status(other).await.ok()?;
+            if !status.members.iter().any(|m| m.node_id == id && m.voter) {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+}
+
+/// The reproduction of the review's finding: a lagging follower S, a leader L and a
+/// follower O that both acknowledged 20 writes; L and O crash and O's disk is wiped; O
+/// comes back with its original flags while L is still down. Before the fix O voted for S
+/// (or, as the lowest member, formed a new group) and S, which never had the writes, led:
+/// when L came back its log was cut to S's, and all 20 acknowledged events were gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_voter_and_a_crash_lose_no_acknowledged_write() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let followers: Vec<u64> = cluster.ids().into_iter().filter(|&i| i != leader).collect();
+    // The lowest id is the wiped one when it can be: it is the one that used to form a new
+    // group on an empty directory.
+    let (wiped, lagging) = (followers[0], followers[1]);
+
+    cluster.isolate(lagging);
+    let written = write_acknowledged(&mut client(&cluster, leader).await, 20).await;
+
+    cluster.kill(leader);
+    cluster.kill(wiped);
+    cluster.wipe(wiped);
+    let coming_back = cluster.relaunch(wiped);
+    cluster.heal();
+
+    wait_for("the wiped node to report that it rejoins", || async {
+        let status = cluster.status(wiped).await.ok()?;
+        (status.standing == "rejoining").then_some(())
+    })
+    .await;
+    no_leader_among(&cluster, &[wiped, lagging]).await;
+
+    // The old leader comes back with the writes: it leads, re-admits the wiped node, and
+    // every node ends with exactly the 20 events.
+    cluster.restart(leader).await;
+    let node = coming_back.serving_async().await;
+    cluster.adopt(wiped, node);
+    voter_again(&cluster, wiped, &[1, 2, 3]).await;
+    for id in [1, 2, 3] {
+        assert_eq!(
+            event_ids(&cluster, id).await,
+            written,
+            "node {id} does not hold exactly the acknowledged events"
+        );
+    }
+}
+
+/// Every node restarts with its data after the wiped one rejoined: the rejoin is over for
+/// good (the node votes after a restart), and the group still has one leader and the
+/// events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejoined_node_votes_after_a_restart_and_a_leader_change() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let written = write_acknowledged(&mut client(&cluster, leader).await, 10).await;
+    let wiped = cluster
+        .ids()
+        .into_iter()
+        .find(|&i| i != leader)
+        .expect("a follower");
+    cluster.kill(wiped);
+    cluster.wipe(wiped);
+    cluster.restart(wiped).await;
+    voter_again(&cluster, wiped, &[1, 2, 3]).await;
+
+    // Now it must vote: with the old leader down, the other two elect one.
+    cluster.kill(wiped);
+    cluster.restart(wiped).await;
+    cluster.kill(leader);
+    let survivors: Vec<u64> = cluster.ids().into_iter().filter(|&i| i != leader).collect();
+    let new_leader = cluster.leader_among(&survivors).await;
+    let more = write_acknowledged(&mut client(&cluster, new_leader).await, 5).await;
+    let expected: Vec<String> = written.into_iter().chain(more).collect();
+    for id in survivors {
+        assert_eq!(event_ids(&cluster, id).await, expected, "node {id}");
+    }
+}

@@ -98,6 +98,9 @@ pub struct RaftNode {
     standing: Arc<tokio::sync::watch::Sender<Standing>>,
     /// Where the rejoin marker lives.
     data_dir: PathBuf,
+    /// While this node does not vote: the one candidate an operator let it vote for (0:
+    /// none), see [`RaftNode::allow_vote_for`].
+    allowed_candidate: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for RaftNode {
@@ -163,6 +166,7 @@ impl RaftNode {
             read_indexes,
             standing: Arc::new(tokio::sync::watch::Sender::new(standing)),
             data_dir,
+            allowed_candidate: Arc::new(AtomicU64::new(0)),
         };
         node.raft
             .runtime_config()
@@ -186,6 +190,39 @@ impl RaftNode {
     /// True while this node may grant votes: a node that lost its state must not.
     pub fn may_vote(&self) -> bool {
         self.standing() == Standing::Voting
+    }
+
+    /// True when this node may grant `candidate` its vote: always while it votes, else only
+    /// the candidate an operator named with [`RaftNode::allow_vote_for`].
+    pub fn may_vote_for(&self, candidate: u64) -> bool {
+        self.may_vote()
+            || (candidate != 0 && self.allowed_candidate.load(Ordering::Acquire) == candidate)
+    }
+
+    /// Recovery after a majority of voters lost their state, on the operator's word: this
+    /// node, which does not vote, may vote for `candidate`, a survivor whose log becomes the
+    /// group's (writes acknowledged only by the nodes that lost their state are gone). It
+    /// then rejoins like any node that lost its state. Refused on a node that votes.
+    pub fn allow_vote_for(&self, candidate: u64) -> Result<Standing, RaftError> {
+        let standing = self.standing();
+        if standing == Standing::Voting {
+            return Err(RaftError::Membership(format!(
+                "node {} has its raft state and votes as usual: nothing to allow",
+                self.node_id
+            )));
+        }
+        if candidate == 0 || candidate == self.node_id {
+            return Err(RaftError::Membership(format!(
+                "the candidate must be another member, not {candidate}"
+            )));
+        }
+        self.allowed_candidate.store(candidate, Ordering::Release);
+        tracing::warn!(
+            node_id = self.node_id,
+            candidate,
+            "an operator let this node, which lost its raft state, vote for node {candidate}: its log becomes the group's"
+        );
+        Ok(standing)
     }
 
     /// An undecided node heard from every initial member that none has a log: the group is
@@ -243,6 +280,7 @@ impl RaftNode {
                 if progress.observe(placement) {
                     match standing::remove_marker(&node.data_dir) {
                         Ok(()) => {
+                            node.allowed_candidate.store(0, Ordering::Release);
                             node.standing.send_replace(Standing::Voting);
                             node.raft.runtime_config().elect(true);
                             tracing::info!(

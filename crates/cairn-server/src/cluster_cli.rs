@@ -70,6 +70,15 @@ pub enum ClusterAction {
         /// Raft id of the voter that should lead.
         node_id: u64,
     },
+    /// Recovery when a majority of voters lost their state: let the --endpoint node (one
+    /// that lost it, standing "rejoining") vote for one survivor, whose log becomes the
+    /// group's. Writes acknowledged only by the nodes that lost their state are gone: pick
+    /// the survivor with the highest last log index. Send it to each node that lost its
+    /// state; they rejoin as voters once the survivor leads.
+    AllowVote {
+        /// Raft id of the surviving voter.
+        candidate_id: u64,
+    },
 }
 
 fn describe(status: &tonic::Status) -> String {
@@ -129,6 +138,24 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
                 .map_err(failed)?
                 .into_inner();
             print_members(&format!("node {node_id} removed"), &reply, args.json);
+        }
+        ClusterAction::AllowVote { candidate_id } => {
+            let reply = client
+                .allow_vote(peers.cluster_request(pb::AllowVoteRequest { candidate_id }))
+                .await
+                .map_err(failed)?
+                .into_inner();
+            if args.json {
+                println!(
+                    "{}",
+                    json!({ "candidate_id": candidate_id, "standing": reply.standing })
+                );
+            } else {
+                println!(
+                    "{endpoint} ({}) may now vote for node {candidate_id}",
+                    reply.standing
+                );
+            }
         }
         ClusterAction::TransferLeader { node_id } => {
             let mut request = peers.cluster_request(pb::TransferLeaderRequest { node_id });

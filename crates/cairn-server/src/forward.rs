@@ -723,6 +723,12 @@ mod tests {
         ) -> Result<Response<pb::MembershipResponse>, Status> {
             unimplemented()
         }
+        async fn allow_vote(
+            &self,
+            _: Request<pb::AllowVoteRequest>,
+        ) -> Result<Response<pb::AllowVoteResponse>, Status> {
+            unimplemented()
+        }
         async fn remove_node(
             &self,
             _: Request<pb::RemoveNodeRequest>,

@@ -463,7 +463,10 @@ impl pb::raft_server::Raft for RaftService {
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
         let rpc: VoteRequest<u64> = decoded(request)?;
-        if !node.raft.may_vote() {
+        if !node
+            .raft
+            .may_vote_for(rpc.vote.leader_id().voted_for().unwrap_or(0))
+        {
             return Err(not_voting(&node));
         }
         payload(&node.raft.raft().vote(rpc).await)
@@ -582,6 +585,21 @@ impl pb::cluster_server::Cluster for ClusterService {
             .await
             .map(tonic::Response::new)
             .map_err(cairn_proto::to_status)
+    }
+
+    async fn allow_vote(
+        &self,
+        request: Request<pb::AllowVoteRequest>,
+    ) -> Result<tonic::Response<pb::AllowVoteResponse>, Status> {
+        let node = node_of(&self.ready)?;
+        node.raft
+            .allow_vote_for(request.into_inner().candidate_id)
+            .map(|standing| {
+                tonic::Response::new(pb::AllowVoteResponse {
+                    standing: standing.as_str().to_string(),
+                })
+            })
+            .map_err(|e| cairn_proto::to_status(e.into()))
     }
 
     async fn promote(

@@ -286,6 +286,11 @@ pub async fn open(
     req: pb::CatchUpSubscribeToEventStoreRequest,
 ) -> Result<EventStream, Error> {
     tracing::Span::current().record("boundary", req.boundary.as_str());
+    // The start cursor and the boundary gate must see everything committed before this
+    // call, as every read does: on a lagging node an `after_position` beyond the local
+    // head was clamped to it (events the client had were sent again), "newest" was stale,
+    // and a boundary created elsewhere was not active yet.
+    node.read_barrier().await?;
     // S1: the boundary gate comes first.
     let boundary = node.active_boundary(&req.boundary)?;
     if req.subscriber_name.is_empty() {

@@ -561,6 +561,22 @@ pub struct RejoinRequest {
     #[prost(string, tag = "2")]
     pub address: ::prost::alloc::string::String,
 }
+/// Recovery after a majority of voters lost their state: let this node (which lost its
+/// state) vote for one survivor, whose log becomes the group's. Writes acknowledged only by
+/// the nodes that lost their state are gone.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AllowVoteRequest {
+    /// Raft id of the surviving voter this node may vote for.
+    #[prost(uint64, tag = "1")]
+    pub candidate_id: u64,
+}
+/// After AllowVote.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AllowVoteResponse {
+    /// This node's standing ("undecided" or "rejoining": it votes for the candidate only).
+    #[prost(string, tag = "1")]
+    pub standing: ::prost::alloc::string::String,
+}
 /// The membership after a change.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct MembershipResponse {
@@ -879,6 +895,32 @@ pub mod cluster_client {
             req.extensions_mut().insert(GrpcMethod::new("cairn.v1.Cluster", "Rejoin"));
             self.inner.unary(req, path, codec).await
         }
+        /// Let a node that lost its state vote for one survivor (see AllowVoteRequest). Sent to
+        /// the node itself, not forwarded.
+        pub async fn allow_vote(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AllowVoteRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AllowVoteResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::StrictProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/cairn.v1.Cluster/AllowVote",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("cairn.v1.Cluster", "AllowVote"));
+            self.inner.unary(req, path, codec).await
+        }
         /// Move leadership to another voter.
         pub async fn transfer_leader(
             &mut self,
@@ -1049,6 +1091,15 @@ pub mod cluster_server {
             request: tonic::Request<super::RejoinRequest>,
         ) -> std::result::Result<
             tonic::Response<super::MembershipResponse>,
+            tonic::Status,
+        >;
+        /// Let a node that lost its state vote for one survivor (see AllowVoteRequest). Sent to
+        /// the node itself, not forwarded.
+        async fn allow_vote(
+            &self,
+            request: tonic::Request<super::AllowVoteRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AllowVoteResponse>,
             tonic::Status,
         >;
         /// Move leadership to another voter.
@@ -1375,6 +1426,49 @@ pub mod cluster_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = RejoinSvc(inner);
+                        let codec = crate::codec::StrictProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/cairn.v1.Cluster/AllowVote" => {
+                    #[allow(non_camel_case_types)]
+                    struct AllowVoteSvc<T: Cluster>(pub Arc<T>);
+                    impl<T: Cluster> tonic::server::UnaryService<super::AllowVoteRequest>
+                    for AllowVoteSvc<T> {
+                        type Response = super::AllowVoteResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::AllowVoteRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Cluster>::allow_vote(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = AllowVoteSvc(inner);
                         let codec = crate::codec::StrictProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

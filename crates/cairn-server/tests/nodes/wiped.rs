@@ -9,7 +9,7 @@ use std::time::Duration;
 use cairn_proto::orisun as pb;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
 use support::admin;
-use support::cluster::{Cluster, wait_for};
+use support::cluster::{Cluster, SECRET, wait_for};
 use tonic::transport::Channel;
 
 const BOUNDARY: &str = "default";
@@ -61,17 +61,17 @@ async fn event_ids(cluster: &Cluster, id: u64) -> Vec<String> {
     .collect()
 }
 
-/// Watches `ids` for [`NO_LEADER_WINDOW`] and fails if any of them leads or follows one of
-/// them: these nodes alone cannot elect a leader without a vote from a wiped node. (A node
-/// may still name the dead leader until its election timeout.)
+/// Watches `ids` for [`NO_LEADER_WINDOW`] and fails if any of them leads: these nodes
+/// cannot elect a leader without a vote from a wiped node. (A follower may still name the
+/// dead leader until its election timeout.)
 async fn no_leader_among(cluster: &Cluster, ids: &[u64]) {
     let until = tokio::time::Instant::now() + NO_LEADER_WINDOW;
     while tokio::time::Instant::now() < until {
         for &id in ids {
             if let Ok(status) = cluster.status(id).await {
-                assert!(
-                    !ids.contains(&status.leader_id),
-                    "node {id} follows a leader elected with a wiped node's vote: {status:?}"
+                assert_ne!(
+                    status.role, "leader",
+                    "node {id} was elected with a wiped node's vote: {status:?}"
                 );
             }
         }
@@ -93,6 +93,32 @@ async fn voter_again(cluster: &Cluster, id: u64, everyone: &[u64]) {
             }
         }
         Some(())
+    })
+    .await;
+}
+
+/// `cairn cluster <args> --endpoint <node id's peer port>`, which must succeed.
+fn cairn_cluster(cluster: &Cluster, id: u64, args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("cluster")
+        .args(args)
+        .arg("--endpoint")
+        .arg(cluster.member(id).peer_addr().to_string())
+        .args(["--cluster-secret", SECRET])
+        .output()
+        .expect("cairn cluster");
+    assert!(
+        output.status.success(),
+        "cairn cluster {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
+async fn standing_is(cluster: &Cluster, id: u64, standing: &str) {
+    wait_for("a node to report its standing", || async {
+        let status = cluster.status(id).await.ok()?;
+        (status.standing == standing).then_some(())
     })
     .await;
 }
@@ -120,11 +146,7 @@ async fn a_wiped_voter_and_a_crash_lose_no_acknowledged_write() {
     let coming_back = cluster.relaunch(wiped);
     cluster.heal();
 
-    wait_for("the wiped node to report that it rejoins", || async {
-        let status = cluster.status(wiped).await.ok()?;
-        (status.standing == "rejoining").then_some(())
-    })
-    .await;
+    standing_is(&cluster, wiped, "rejoining").await;
     no_leader_among(&cluster, &[wiped, lagging]).await;
 
     // The old leader comes back with the writes: it leads, re-admits the wiped node, and
@@ -170,5 +192,55 @@ async fn a_rejoined_node_votes_after_a_restart_and_a_leader_change() {
     let expected: Vec<String> = written.into_iter().chain(more).collect();
     for id in survivors {
         assert_eq!(event_ids(&cluster, id).await, expected, "node {id}");
+    }
+}
+
+/// Two of three voters lose their disks while the third holds every write. Before the fix
+/// the two formed a majority over empty logs and the third's log was cut to theirs. Now
+/// they refuse to vote and the group waits, because nothing tells the survivor has every
+/// acknowledged write; told by an operator to accept its log (`cairn cluster allow-vote`),
+/// they elect it, rejoin and catch up, and every node holds exactly the 20 events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_wiped_voters_of_three_wait_for_an_operator_and_lose_nothing() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let written = write_acknowledged(&mut client(&cluster, leader).await, 20).await;
+    let last = cluster.status(leader).await.expect("status").last_log_index;
+    cluster.applied_everywhere(&[1, 2, 3], last).await;
+
+    let (survivor, wiped) = (3, [1, 2]);
+    let mut coming_back = Vec::new();
+    for id in wiped {
+        cluster.kill(id);
+        cluster.wipe(id);
+        coming_back.push((id, cluster.relaunch(id)));
+    }
+    for id in wiped {
+        standing_is(&cluster, id, "rejoining").await;
+    }
+    no_leader_among(&cluster, &[1, 2, 3]).await;
+    let kept = cluster
+        .status(survivor)
+        .await
+        .expect("status")
+        .last_log_index;
+    assert!(
+        kept >= last,
+        "the survivor's log shrank to {kept} from {last}"
+    );
+
+    for id in wiped {
+        let said = cairn_cluster(&cluster, id, &["allow-vote", &survivor.to_string()]);
+        assert!(said.contains("may now vote for node 3"), "{said}");
+    }
+    for (id, launching) in coming_back {
+        let node = launching.serving_async().await;
+        cluster.adopt(id, node);
+    }
+    for id in wiped {
+        voter_again(&cluster, id, &[1, 2, 3]).await;
+    }
+    for id in [1, 2, 3] {
+        assert_eq!(event_ids(&cluster, id).await, written, "node {id}");
     }
 }

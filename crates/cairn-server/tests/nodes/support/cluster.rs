@@ -373,6 +373,14 @@ impl Cluster {
         });
     }
 
+    /// Cuts the link `from → to` only: `to` hears nothing from `from` (a leader's log and
+    /// heartbeats), while `from` answers what `to` asks it (forwarded writes, read indexes).
+    pub fn cut(&self, from: u64, to: u64) {
+        self.links.change(|cut| {
+            cut.insert((from, to));
+        });
+    }
+
     /// Cuts `id` off from every other member.
     pub fn isolate(&self, id: u64) {
         let others: Vec<u64> = self.ids().into_iter().filter(|&o| o != id).collect();

@@ -576,13 +576,18 @@ impl RaftNode {
 
     /// Resolves with the reason once Raft has stopped on its own (never, while it runs).
     pub async fn stopped(&self) -> String {
-        let mut metrics = self.raft.metrics();
+        // The server metrics change with leadership and membership only, and end when the
+        // Raft core stops (a fatal error ends it). The full metrics change several times
+        // per write, and the caller waits on the process's main thread: each change woke
+        // it, a futex round trip and a context switch per write.
+        let mut server = self.raft.server_metrics();
         loop {
-            if let Err(fatal) = &metrics.borrow_and_update().running_state {
-                return fatal.to_string();
+            server.borrow_and_update();
+            if let Some(fatal) = self.fatal() {
+                return fatal;
             }
-            if metrics.changed().await.is_err() {
-                return "raft stopped".to_string();
+            if server.changed().await.is_err() {
+                return self.fatal().unwrap_or_else(|| "raft stopped".to_string());
             }
         }
     }

@@ -303,11 +303,27 @@ pub async fn transfer_leader(node: &NodeState, id: u64) -> Result<u64, Error> {
     // Followers refuse to vote while the leader's lease (the longest election timeout
     // since its last message) runs, so the leader falls silent first, and the target
     // campaigns as soon as the leases have lapsed, before any other follower's timer fires.
-    let runtime = node.raft.raft().runtime_config();
-    runtime.heartbeat(false);
-    let result = hand_over(node, id, &target.addr).await;
-    runtime.heartbeat(true);
-    result
+    let _silent = HeartbeatsOff::start(node.raft.raft());
+    hand_over(node, id, &target.addr).await
+}
+
+/// Holds a leader's heartbeats off and turns them back on when dropped: the transfer's
+/// caller may give up first (its RPC cancelled at the deadline drops this future), and a
+/// leader left silent would have an idle group re-elect every election timeout (review
+/// finding 8).
+struct HeartbeatsOff(cairn_raft::Raft);
+
+impl HeartbeatsOff {
+    fn start(raft: &cairn_raft::Raft) -> Self {
+        raft.runtime_config().heartbeat(false);
+        HeartbeatsOff(raft.clone())
+    }
+}
+
+impl Drop for HeartbeatsOff {
+    fn drop(&mut self) {
+        self.0.runtime_config().heartbeat(true);
+    }
 }
 
 /// How long a leader that is shutting down waits for a voter to catch up before handing over.

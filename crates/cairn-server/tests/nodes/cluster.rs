@@ -387,6 +387,56 @@ async fn a_subscription_on_a_lagging_follower_starts_after_the_given_position() 
     );
 }
 
+/// A leadership transfer whose caller gives up (review finding 8): the leader stops its
+/// heartbeats for the hand-over, and before the fix only a transfer that finished turned
+/// them back on. A cancelled call left the group silent, and the other follower elected a
+/// new leader after its election timeout, again and again on an idle cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_leadership_transfer_leaves_the_leader_heartbeating() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let followers = others(&cluster.ids(), leader);
+    let (target, bystander) = (followers[0], followers[1]);
+    let last = cluster.status(leader).await.expect("status").last_log_index;
+    cluster.applied_everywhere(&[1, 2, 3], last).await;
+    let term = cluster.status(leader).await.expect("status").term;
+    // The target would never win: it is frozen.
+    cluster.pause(target);
+
+    let mut request =
+        tonic::Request::new(cairn_proto::cairn_v1::TransferLeaderRequest { node_id: target });
+    request.metadata_mut().insert(
+        cairn_proto::CLUSTER_SECRET_HEADER,
+        SECRET.parse().expect("ascii"),
+    );
+    // Well inside the bystander's election timeout, so only a leader that stays silent
+    // after the cancel lets it campaign.
+    request.set_timeout(Duration::from_millis(200));
+    let cancelled = cluster
+        .cluster_api(leader)
+        .await
+        .transfer_leader(request)
+        .await
+        .expect_err("the transfer cannot finish within 200 ms");
+    assert!(
+        matches!(cancelled.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{cancelled}"
+    );
+
+    // Several election timeouts: the bystander keeps hearing from the leader.
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    while tokio::time::Instant::now() < until {
+        let seen = cluster.status(bystander).await.expect("status");
+        assert_eq!(
+            (seen.term, seen.leader_id),
+            (term, leader),
+            "the bystander stopped hearing from the leader after the cancelled transfer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.resume(target);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_stops_serving_and_the_majority_carries_on() {
     let cluster = Cluster::start(3, &[]).await;

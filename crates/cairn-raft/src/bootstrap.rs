@@ -60,12 +60,11 @@ impl Default for RaftTiming {
 pub enum Formation {
     /// Form a one-node group of this node (`cairn serve` without peers).
     Alone,
-    /// These members (node id → peer address, this node among them) form the group once
-    /// every one of them is known to have no log (see [`crate::Standing`]); the lowest id
-    /// initialises it, the others wait to hear from it.
-    Initial(BTreeMap<u64, String>),
-    /// Never initialise: a running group adds this node (`--join`).
-    Join,
+    /// A member of a group of several. Without Raft state it starts
+    /// [`crate::Standing::Undecided`]: whether it forms a new group
+    /// ([`RaftNode::form_new_group`]) or rejoins one ([`RaftNode::begin_rejoin`]) is for the
+    /// caller, which can ask the other members, to find out.
+    Member,
 }
 
 /// How to run the node's Raft group.
@@ -166,6 +165,23 @@ fn raft_config(opts: &NodeOptions) -> Result<Config, RaftError> {
     .validate()?)
 }
 
+/// Forms a new group of `members` (node id → peer address).
+pub(crate) async fn initialise(
+    raft: &Raft,
+    members: &BTreeMap<u64, String>,
+) -> Result<(), RaftError> {
+    let nodes: BTreeMap<u64, BasicNode> = members
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+        .collect();
+    raft.initialize(nodes)
+        .await
+        .map_err(|e| RaftError::Initialize(e.to_string()))?;
+    let ids: Vec<u64> = members.keys().copied().collect();
+    tracing::info!(members = ?ids, "initialised a new raft group");
+    Ok(())
+}
+
 impl RaftNode {
     /// Opens storage and starts openraft. A node alone without Raft state initialises a new
     /// group; any other node without it starts [`Standing::Undecided`], out of elections,
@@ -204,22 +220,11 @@ impl RaftNode {
             (_, _, true) => Standing::Rejoining,
             (_, true, false) => Standing::Voting,
             (Formation::Alone, false, false) => {
-                let members = BTreeMap::from([(
-                    opts.node_id,
-                    BasicNode {
-                        addr: opts.advertise_addr.clone(),
-                    },
-                )]);
-                raft.initialize(members)
-                    .await
-                    .map_err(|e| RaftError::Initialize(e.to_string()))?;
-                tracing::info!(
-                    node_id = opts.node_id,
-                    "initialised a new one-node raft group"
-                );
+                let alone = BTreeMap::from([(opts.node_id, opts.advertise_addr.clone())]);
+                initialise(&raft, &alone).await?;
                 Standing::Voting
             }
-            (Formation::Initial(_) | Formation::Join, false, false) => {
+            (Formation::Member, false, false) => {
                 tracing::info!(
                     node_id = opts.node_id,
                     "no raft state yet: this node does not vote until it knows whether the group is new"

@@ -233,18 +233,8 @@ impl RaftNode {
         }
         self.standing.send_replace(Standing::Voting);
         self.raft.runtime_config().elect(true);
-        let lowest = members.keys().next().copied();
-        if lowest == Some(self.node_id) {
-            let nodes: BTreeMap<u64, BasicNode> = members
-                .iter()
-                .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
-                .collect();
-            self.raft
-                .initialize(nodes)
-                .await
-                .map_err(|e| RaftError::Initialize(e.to_string()))?;
-            let ids: Vec<u64> = members.keys().copied().collect();
-            tracing::info!(node_id = self.node_id, members = ?ids, "initialised a new raft group");
+        if members.keys().next() == Some(&self.node_id) {
+            crate::bootstrap::initialise(&self.raft, members).await?;
         }
         Ok(())
     }
@@ -502,11 +492,8 @@ impl RaftNode {
     pub async fn make_learner(&self, id: u64, addr: String) -> Result<(), RaftError> {
         let view = self.view();
         if view.voters.iter().any(|m| m.id == id) {
-            self.raft
-                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), true)
+            self.change(ChangeMembers::RemoveVoters(BTreeSet::from([id])), true)
                 .await
-                .map(|_| ())
-                .map_err(membership_error)
         } else if view.learners.iter().any(|m| m.id == id) {
             Ok(())
         } else {
@@ -516,7 +503,7 @@ impl RaftNode {
 
     /// On the leader: makes learner `id` a voter.
     pub async fn promote(&self, id: u64) -> Result<(), RaftError> {
-        self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
+        self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
             .await
     }
 
@@ -525,17 +512,22 @@ impl RaftNode {
         let is_voter = self.view().voters.iter().any(|m| m.id == id);
         if is_voter {
             // Without `retain`, a removed voter leaves the membership entirely.
-            self.change(ChangeMembers::RemoveVoters(BTreeSet::from([id])))
+            self.change(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
                 .await
         } else {
-            self.change(ChangeMembers::RemoveNodes(BTreeSet::from([id])))
+            self.change(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
                 .await
         }
     }
 
-    async fn change(&self, change: ChangeMembers<u64, BasicNode>) -> Result<(), RaftError> {
+    /// A membership change; `retain` keeps removed voters as learners.
+    async fn change(
+        &self,
+        change: ChangeMembers<u64, BasicNode>,
+        retain: bool,
+    ) -> Result<(), RaftError> {
         self.raft
-            .change_membership(change, false)
+            .change_membership(change, retain)
             .await
             .map(|_| ())
             .map_err(membership_error)

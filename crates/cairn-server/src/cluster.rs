@@ -210,17 +210,22 @@ async fn on_leader(
     reply.map(|r| r.into_inner()).map_err(remote)
 }
 
+fn require_id_and_address(who: &str, id: u64, address: &str) -> Result<(), Error> {
+    if id == 0 || address.is_empty() {
+        return Err(Error::invalid(format!(
+            "{who} needs a node id ≥ 1 and an address"
+        )));
+    }
+    Ok(())
+}
+
 /// Adds a learner (on the leader; elsewhere the call goes to the leader).
 pub async fn add_learner(
     node: &NodeState,
     id: u64,
     address: String,
 ) -> Result<pb::MembershipResponse, Error> {
-    if id == 0 || address.is_empty() {
-        return Err(Error::invalid(
-            "a learner needs a node id ≥ 1 and an address",
-        ));
-    }
+    require_id_and_address("a learner", id, &address)?;
     change_membership(node, Change::AddLearner { id, address }).await
 }
 
@@ -231,11 +236,7 @@ pub async fn rejoin(
     id: u64,
     address: String,
 ) -> Result<pb::MembershipResponse, Error> {
-    if id == 0 || address.is_empty() {
-        return Err(Error::invalid(
-            "a rejoining node needs a node id ≥ 1 and an address",
-        ));
-    }
+    require_id_and_address("a rejoining node", id, &address)?;
     if id == node.raft.node_id() {
         return Err(Error::invalid(
             "a node cannot carry out its own rejoin: ask another member",

@@ -36,7 +36,7 @@ const PROMOTION_WAIT: Duration = Duration::from_secs(10);
 
 /// What the members of a new group said about their logs so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Formation {
+pub enum Found {
     /// Some members have not answered yet (their ids).
     Waiting(Vec<u64>),
     /// Every member has an empty log: the group is new.
@@ -48,9 +48,9 @@ pub enum Formation {
 /// Decides from the last log index each other initial member reported (absent: no answer
 /// yet). One log settles it at once; an empty group needs every answer, because the one
 /// member that does not answer may be the only one left with the group's log.
-pub fn decide(members: &[u64], answers: &BTreeMap<u64, u64>) -> Formation {
+pub fn decide(members: &[u64], answers: &BTreeMap<u64, u64>) -> Found {
     if let Some((id, _)) = answers.iter().find(|(_, last)| **last > 0) {
-        return Formation::Exists(*id);
+        return Found::Exists(*id);
     }
     let waiting: Vec<u64> = members
         .iter()
@@ -58,9 +58,9 @@ pub fn decide(members: &[u64], answers: &BTreeMap<u64, u64>) -> Formation {
         .filter(|id| !answers.contains_key(id))
         .collect();
     if waiting.is_empty() {
-        Formation::New
+        Found::New
     } else {
-        Formation::Waiting(waiting)
+        Found::Waiting(waiting)
     }
 }
 
@@ -83,13 +83,13 @@ pub fn spawn(node: Arc<NodeState>) -> Option<JoinHandle<()>> {
                     .collect();
                 if standing == Standing::Undecided {
                     match find_out(&node, members).await {
-                        Formation::New => {
+                        Found::New => {
                             if let Err(e) = node.raft.form_new_group(members).await {
                                 tracing::error!("failed to form the new raft group: {e}");
                             }
                             return;
                         }
-                        Formation::Exists(_) | Formation::Waiting(_) => {}
+                        Found::Exists(_) | Found::Waiting(_) => {}
                     }
                 }
                 (others, true)
@@ -106,7 +106,7 @@ pub fn spawn(node: Arc<NodeState>) -> Option<JoinHandle<()>> {
 }
 
 /// Asks every other initial member for its log until [`decide`] can tell.
-async fn find_out(node: &NodeState, members: &BTreeMap<u64, String>) -> Formation {
+async fn find_out(node: &NodeState, members: &BTreeMap<u64, String>) -> Found {
     let own = node.raft.node_id();
     let others: Vec<u64> = members.keys().copied().filter(|id| *id != own).collect();
     let mut answers = BTreeMap::new();
@@ -126,7 +126,7 @@ async fn find_out(node: &NodeState, members: &BTreeMap<u64, String>) -> Formatio
             }
         }
         match decide(&others, &answers) {
-            Formation::Waiting(waiting) => {
+            Found::Waiting(waiting) => {
                 if tokio::time::Instant::now() >= notice {
                     notice += NOTICE_INTERVAL;
                     tracing::info!(
@@ -136,16 +136,16 @@ async fn find_out(node: &NodeState, members: &BTreeMap<u64, String>) -> Formatio
                 }
                 tokio::time::sleep(RETRY_INTERVAL).await;
             }
-            Formation::New => {
+            Found::New => {
                 tracing::info!("every initial member has an empty log: forming a new group");
-                return Formation::New;
+                return Found::New;
             }
-            Formation::Exists(id) => {
+            Found::Exists(id) => {
                 tracing::warn!(
                     member = id,
                     "no raft state here, but member {id} has the group's log: this node lost its state and rejoins"
                 );
-                return Formation::Exists(id);
+                return Found::Exists(id);
             }
         }
     }
@@ -219,16 +219,16 @@ mod tests {
         let members = [2, 3];
         assert_eq!(
             decide(&members, &BTreeMap::new()),
-            Formation::Waiting(vec![2, 3])
+            Found::Waiting(vec![2, 3])
         );
         // One empty answer is not enough: node 3 may be the one with the group's log.
         assert_eq!(
             decide(&members, &BTreeMap::from([(2, 0)])),
-            Formation::Waiting(vec![3])
+            Found::Waiting(vec![3])
         );
         assert_eq!(
             decide(&members, &BTreeMap::from([(2, 0), (3, 0)])),
-            Formation::New
+            Found::New
         );
     }
 
@@ -236,13 +236,13 @@ mod tests {
     fn one_member_with_a_log_means_this_node_lost_its_state() {
         assert_eq!(
             decide(&[2, 3], &BTreeMap::from([(3, 41)])),
-            Formation::Exists(3)
+            Found::Exists(3)
         );
         assert_eq!(
             decide(&[2, 3], &BTreeMap::from([(2, 0), (3, 7)])),
-            Formation::Exists(3)
+            Found::Exists(3)
         );
         // A group of one has nobody to ask.
-        assert_eq!(decide(&[], &BTreeMap::new()), Formation::New);
+        assert_eq!(decide(&[], &BTreeMap::new()), Found::New);
     }
 }

@@ -25,7 +25,7 @@ use crate::admin::AdminService;
 use crate::auth::Authenticator;
 use crate::bootstrap;
 use crate::boundaries::BoundariesService;
-use crate::config::{Membership, ServeConfig};
+use crate::config::ServeConfig;
 use crate::event_store::EventStoreService;
 use crate::grpc_layer::GrpcLayer;
 use crate::http::{HttpState, router};
@@ -92,7 +92,7 @@ pub struct RunningServer {
     pub peer_addr: Option<SocketAddr>,
     node: Arc<NodeState>,
     peer: Option<PeerServer>,
-    join_task: Option<JoinHandle<()>>,
+    formation_task: Option<JoinHandle<()>>,
     health: HealthReporter,
     serving: Arc<AtomicBool>,
     grpc_stop: CancellationToken,
@@ -408,12 +408,8 @@ async fn serve_on(
                         .counting_snapshot_chunks(metrics.snapshot_chunks_sent.clone())
                         .counting_forward_messages(metrics.forward_message_writes.clone()),
                 );
-                let formation = match &cluster.membership {
-                    Membership::Initial(members) => Formation::Initial(members.clone()),
-                    Membership::Join(_) => Formation::Join,
-                };
                 let transport: Arc<dyn PeerTransport> = peers.clone();
-                (peers, transport, formation)
+                (peers, transport, Formation::Member)
             }
             None => {
                 let peers = Arc::new(PeerClient::new(None, None).map_err(ServerError::Secret)?);
@@ -464,22 +460,22 @@ async fn serve_on(
         // Peers reach Raft from here on: a new member must take part in elections and
         // receive the log before it can serve.
         let _ = peer_ready.set(node.clone());
-        let join_task = crate::formation::spawn(node.clone());
+        let formation_task = crate::formation::spawn(node.clone());
         let bootstrap_task = bootstrap::spawn(node.clone());
         if let Err(e) = bootstrap::wait_until_ready(&node).await {
             bootstrap_task.abort();
-            if let Some(join) = join_task {
-                join.abort();
+            if let Some(formation) = formation_task {
+                formation.abort();
             }
             if let Err(e) = node.raft.shutdown().await {
                 tracing::warn!("failed to stop raft after a failed start: {e}");
             }
             return Err(ServerError::Bootstrap(e));
         }
-        Ok::<_, ServerError>((node, bootstrap_task, join_task))
+        Ok::<_, ServerError>((node, bootstrap_task, formation_task))
     }
     .await;
-    let (node, bootstrap_task, join_task) = match started {
+    let (node, bootstrap_task, formation_task) = match started {
         Ok(started) => started,
         Err(e) => {
             grpc_stop.cancel();
@@ -514,7 +510,7 @@ async fn serve_on(
         peer_addr,
         node,
         peer,
-        join_task,
+        formation_task,
         health,
         serving,
         grpc_stop,
@@ -568,8 +564,8 @@ impl RunningServer {
         self.http_task.await?;
         self.metrics_task.abort();
         self.bootstrap_task.abort();
-        if let Some(join) = self.join_task {
-            join.abort();
+        if let Some(formation) = self.formation_task {
+            formation.abort();
         }
         // The peer port still serves: Raft can elect the successor before this node stops.
         match crate::cluster::step_down(&self.node).await {

@@ -403,12 +403,9 @@ async fn a_cancelled_leadership_transfer_leaves_the_leader_heartbeating() {
     // The target would never win: it is frozen.
     cluster.pause(target);
 
-    let mut request =
-        tonic::Request::new(cairn_proto::cairn_v1::TransferLeaderRequest { node_id: target });
-    request.metadata_mut().insert(
-        cairn_proto::CLUSTER_SECRET_HEADER,
-        SECRET.parse().expect("ascii"),
-    );
+    let mut request = support::cluster::with_secret(cairn_proto::cairn_v1::TransferLeaderRequest {
+        node_id: target,
+    });
     // Well inside the bystander's election timeout, so only a leader that stays silent
     // after the cancel lets it campaign.
     request.set_timeout(Duration::from_millis(200));
@@ -575,24 +572,6 @@ async fn acknowledged_writes_survive_leader_kills_and_pauses_exactly_once() {
     );
 }
 
-/// `cairn cluster …` against node `id`'s peer port; panics unless it succeeds.
-fn cairn_cluster(cluster: &Cluster, id: u64, args: &[&str]) -> String {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("cluster")
-        .args(args)
-        .arg("--endpoint")
-        .arg(cluster.member(id).peer_addr().to_string())
-        .args(["--cluster-secret", SECRET])
-        .output()
-        .expect("cairn cluster");
-    assert!(
-        output.status.success(),
-        "cairn cluster {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("utf-8")
-}
-
 async fn voters_and_learners(cluster: &Cluster, id: u64) -> (Vec<u64>, Vec<u64>) {
     let status = cluster.status(id).await.expect("status");
     let pick = |voter: bool| {
@@ -631,9 +610,9 @@ async fn membership_grows_from_three_to_five_voters_and_shrinks_back() {
         .expect("read");
     assert_eq!(on_learner.len(), 10, "the learner has the log");
 
-    let promoted = cairn_cluster(&cluster, 1, &["promote", "4"]);
+    let promoted = cluster.cli(1, &["promote", "4"]);
     assert!(promoted.contains("node 4 is a voter"), "{promoted}");
-    cairn_cluster(&cluster, 5, &["promote", "5"]);
+    cluster.cli(5, &["promote", "5"]);
     agreed_membership(&cluster, 4, &[1, 2, 3, 4, 5], &[]).await;
 
     // Five voters survive two failures, the leader among them.
@@ -651,8 +630,8 @@ async fn membership_grows_from_three_to_five_voters_and_shrinks_back() {
     cluster.restart(second).await;
 
     // Back to three: voters leave one at a time, and the cluster keeps its quorum.
-    cairn_cluster(&cluster, 1, &["remove", "5"]);
-    cairn_cluster(&cluster, 2, &["remove", "4"]);
+    cluster.cli(1, &["remove", "5"]);
+    cluster.cli(2, &["remove", "4"]);
     cluster.kill(4);
     cluster.kill(5);
     agreed_membership(&cluster, 1, &[1, 2, 3], &[]).await;
@@ -756,8 +735,8 @@ async fn the_cluster_grows_under_writes_past_a_purged_log_and_replaces_a_wiped_n
             "node {newcomer} caught up from a snapshot, the log it needed being purged"
         );
     }
-    cairn_cluster(&cluster, 3, &["promote", "4"]);
-    cairn_cluster(&cluster, 4, &["promote", "5"]);
+    cluster.cli(3, &["promote", "4"]);
+    cluster.cli(4, &["promote", "5"]);
     agreed_membership(&cluster, 5, &[1, 2, 3, 4, 5], &[]).await;
     stop.cancel();
     let (mut acknowledged, mut unsure) = (BTreeSet::new(), BTreeSet::new());
@@ -807,8 +786,8 @@ async fn the_cluster_grows_under_writes_past_a_purged_log_and_replaces_a_wiped_n
     }
 
     // Back to three: the newcomers leave, then stop cleanly.
-    cairn_cluster(&cluster, 1, &["remove", "5"]);
-    cairn_cluster(&cluster, 2, &["remove", "4"]);
+    cluster.cli(1, &["remove", "5"]);
+    cluster.cli(2, &["remove", "4"]);
     for removed in [4, 5] {
         let node = cluster
             .members
@@ -826,12 +805,12 @@ async fn the_cluster_grows_under_writes_past_a_purged_log_and_replaces_a_wiped_n
     let leader = cluster.leader_among(&[1, 2, 3]).await;
     let lost = others(&[1, 2, 3], leader)[0];
     cluster.kill(lost);
-    cairn_cluster(&cluster, leader, &["remove", &lost.to_string()]);
+    cluster.cli(leader, &["remove", &lost.to_string()]);
     cluster.rejoin_wiped(lost, leader, &snapshots).await;
     caught_up(&cluster, lost, leader).await;
     let metrics = http_get(cluster.node(lost).http_addr, "/metrics").await;
     assert!(metric(&metrics, "cairn_raft_snapshot_installs_total") >= 1.0);
-    cairn_cluster(&cluster, leader, &["promote", &lost.to_string()]);
+    cluster.cli(leader, &["promote", &lost.to_string()]);
     agreed_membership(&cluster, lost, &[1, 2, 3], &[]).await;
     let mut via_replaced = client(&cluster, lost).await;
     let last = event("AfterReplace", "{}");

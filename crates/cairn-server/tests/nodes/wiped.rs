@@ -9,7 +9,7 @@ use std::time::Duration;
 use cairn_proto::orisun as pb;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
 use support::admin;
-use support::cluster::{Cluster, SECRET, wait_for};
+use support::cluster::{Cluster, wait_for};
 use tonic::transport::Channel;
 
 const BOUNDARY: &str = "default";
@@ -95,24 +95,6 @@ async fn voter_again(cluster: &Cluster, id: u64, everyone: &[u64]) {
         Some(())
     })
     .await;
-}
-
-/// `cairn cluster <args> --endpoint <node id's peer port>`, which must succeed.
-fn cairn_cluster(cluster: &Cluster, id: u64, args: &[&str]) -> String {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("cluster")
-        .args(args)
-        .arg("--endpoint")
-        .arg(cluster.member(id).peer_addr().to_string())
-        .args(["--cluster-secret", SECRET])
-        .output()
-        .expect("cairn cluster");
-    assert!(
-        output.status.success(),
-        "cairn cluster {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("utf-8")
 }
 
 async fn standing_is(cluster: &Cluster, id: u64, standing: &str) {
@@ -230,7 +212,7 @@ async fn two_wiped_voters_of_three_wait_for_an_operator_and_lose_nothing() {
     );
 
     for id in wiped {
-        let said = cairn_cluster(&cluster, id, &["allow-vote", &survivor.to_string()]);
+        let said = cluster.cli(id, &["allow-vote", &survivor.to_string()]);
         assert!(said.contains("may now vote for node 3"), "{said}");
     }
     for (id, launching) in coming_back {

@@ -407,6 +407,25 @@ impl Cluster {
         ClusterClient::new(channel)
     }
 
+    /// `cairn cluster <args>` against node `id`'s real peer port; panics unless it
+    /// succeeds, and returns what it printed.
+    pub fn cli(&self, id: u64, args: &[&str]) -> String {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .arg("cluster")
+            .args(args)
+            .arg("--endpoint")
+            .arg(self.member(id).peer_addr().to_string())
+            .args(["--cluster-secret", SECRET])
+            .output()
+            .expect("cairn cluster");
+        assert!(
+            output.status.success(),
+            "cairn cluster {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("utf-8")
+    }
+
     /// Node `id`'s view of the cluster (UNAVAILABLE until its peer address is known).
     pub async fn status(&self, id: u64) -> Result<cluster_pb::StatusResponse, tonic::Status> {
         let known = self
@@ -420,14 +439,9 @@ impl Cluster {
                 "its peer address is not known yet",
             ));
         }
-        let mut request = tonic::Request::new(cluster_pb::StatusRequest {});
-        request.metadata_mut().insert(
-            cairn_proto::CLUSTER_SECRET_HEADER,
-            SECRET.parse().expect("ascii"),
-        );
         self.cluster_api(id)
             .await
-            .status(request)
+            .status(with_secret(cluster_pb::StatusRequest {}))
             .await
             .map(|r| r.into_inner())
     }
@@ -460,6 +474,16 @@ impl Cluster {
         })
         .await
     }
+}
+
+/// A cluster-API request carrying the harness's secret.
+pub fn with_secret<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        cairn_proto::CLUSTER_SECRET_HEADER,
+        SECRET.parse().expect("ascii"),
+    );
+    request
 }
 
 fn member_args(id: u64, advertise: &SocketAddr) -> Vec<String> {

@@ -208,7 +208,27 @@ impl Cluster {
             let node = launching.serving_async().await;
             cluster.member_mut(id).node = Some(node);
         }
+        cluster.formed().await;
         cluster
+    }
+
+    /// Waits until every node votes and counts every other as a voter. A member that asks
+    /// the others after they formed the group cannot tell itself from a wiped node: it
+    /// rejoins (learner, then voter), and until then the group has one voter less, which
+    /// a test that stops a node right away must not start with.
+    async fn formed(&self) {
+        let ids = self.ids();
+        wait_for("every initial member to vote", || async {
+            for &id in &ids {
+                let status = self.status(id).await.ok()?;
+                let voters = status.members.iter().filter(|m| m.voter).count();
+                if status.standing != "voting" || voters != ids.len() {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
     }
 
     /// A proxy and data directory for node `id` (not started).

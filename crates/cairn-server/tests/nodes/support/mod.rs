@@ -26,7 +26,11 @@ pub struct Node {
     pub addr: SocketAddr,
     /// HTTP (probes, metrics) address.
     pub http_addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
 }
+
+/// Log lines of each node a failing test prints.
+const LOG_LINES_ON_FAILURE: usize = 60;
 
 /// A `cairn serve` process that has not yet reported that it serves.
 pub struct Launching {
@@ -164,6 +168,15 @@ impl Drop for Node {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A failing test says what the nodes were doing: elections, errors.
+        if std::thread::panicking() {
+            let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            let tail = log.len().saturating_sub(LOG_LINES_ON_FAILURE);
+            eprintln!("--- the last log lines of the node at {} ---", self.addr);
+            for line in &log[tail..] {
+                eprintln!("{line}");
+            }
+        }
     }
 }
 
@@ -187,6 +200,7 @@ impl Launching {
             child: Some(self.child),
             addr: addr.parse().expect("gRPC address"),
             http_addr: http_addr.parse().expect("HTTP address"),
+            log: self.log,
         }
     }
 

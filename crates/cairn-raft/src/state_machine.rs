@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cairn_core::command::{Append, Applied, Command, Outcome, PlannedAppends};
-use cairn_store::{Store, StoreError, pack_dir, unpack_dir};
+use cairn_store::{Store, StoreError, pack_dir, sync_dir, unpack_into};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     AnyError, BasicNode, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta,
@@ -206,6 +206,25 @@ impl SnapshotDir {
             }
         }
     }
+}
+
+/// Free disk an install needs beyond the unpacked snapshot: RocksDB's WAL and memtable
+/// flushes while the state is rewritten.
+pub const INSTALL_HEADROOM_BYTES: u64 = 64 << 20;
+
+/// Unpacks a received snapshot into `staged` with its meta file, all synced, so that a
+/// restart that finds the install marker naming it finds it complete.
+fn stage(received: &mut std::fs::File, staged: &Path, meta: &[u8]) -> Result<(), StoreError> {
+    unpack_into(received, staged, INSTALL_HEADROOM_BYTES)?;
+    let path = staged.join(META_FILE);
+    let io = |e| StoreError::Io {
+        context: format!("failed to write {}", path.display()),
+        source: e,
+    };
+    let mut file = std::fs::File::create(&path).map_err(io)?;
+    std::io::Write::write_all(&mut file, meta).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    sync_dir(staged)
 }
 
 /// The state machine openraft drives.
@@ -495,25 +514,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<u64, BasicNode>,
         mut snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
-        // Copy the received bytes to a path we own: the handle may belong to another
-        // directory (or another node's store in tests).
-        let received = self
-            .snapshots
-            .path
-            .join(format!("received-{}.pack", unix_nanos()));
-        snapshot
-            .seek(SeekFrom::Start(0))
-            .await
-            .map_err(|e| snap_err(&e))?;
-        let mut out = tokio::fs::File::create(&received)
-            .await
-            .map_err(|e| snap_err(&e))?;
-        tokio::io::copy(&mut snapshot, &mut out)
-            .await
-            .map_err(|e| snap_err(&e))?;
-        out.sync_all().await.map_err(|e| snap_err(&e))?;
-        drop(out);
-
         // The peer port refuses such ids before they get here; a second check costs nothing.
         if !valid_snapshot_id(&meta.snapshot_id) {
             return Err(snap_err(AnyError::error(format!(
@@ -521,37 +521,40 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 meta.snapshot_id
             ))));
         }
+        // Unpacked straight from the received file (no copy of it): with the file itself
+        // removed before the live state is rewritten, an install needs the new state's
+        // size in free disk once, not four times.
+        snapshot
+            .seek(SeekFrom::Start(0))
+            .await
+            .map_err(|e| snap_err(&e))?;
+        let mut received = snapshot.into_std().await;
         let meta_bytes = serde_json::to_vec_pretty(meta).map_err(|e| snap_err(&e))?;
         let store = self.store.clone();
         let snapshots = self.snapshots.clone();
+        let snapshot_id = meta.snapshot_id.clone();
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             let _guard = snapshots.guard();
             let staged = snapshots.path.join(format!("installing-{}", unix_nanos()));
-            if let Err(e) = unpack_dir(&received, &staged) {
+            if let Err(e) = stage(&mut received, &staged, &meta_bytes) {
                 // A leader that keeps sending a bad snapshot must not fill the disk with
                 // half-unpacked copies until the next restart clears them.
-                tracing::error!("failed to unpack the snapshot received from the leader: {e}");
+                tracing::error!("failed to unpack snapshot {snapshot_id} from the leader: {e}");
                 if let Err(clean) = std::fs::remove_dir_all(&staged) {
                     tracing::warn!("failed to remove {}: {clean}", staged.display());
                 }
-                if let Err(clean) = std::fs::remove_file(&received) {
-                    tracing::warn!("failed to remove {}: {clean}", received.display());
-                }
+                snapshots.remove_matching(|name| name.starts_with("incoming-"));
                 return Err(snap_err(&e));
             }
-            // Written first, so a restart that finishes an interrupted install (see
-            // `StateMachine::new`) finds a complete snapshot directory to promote.
-            std::fs::write(staged.join(META_FILE), &meta_bytes).map_err(|e| snap_err(&e))?;
+            drop(received);
+            snapshots.remove_matching(|name| name.starts_with("incoming-"));
             // The checkpoint carries its own applied marker (including a batch in progress),
             // consistent with its data; installing it installs the marker too.
             store.install_checkpoint(&staged).map_err(|e| {
-                tracing::error!("failed to install snapshot: {e}");
+                tracing::error!("failed to install snapshot {snapshot_id}: {e}");
                 snap_err(&e)
             })?;
             snapshots.promote(&staged)?;
-            snapshots.remove_matching(|name| {
-                name.starts_with("received-") || name.starts_with("incoming-")
-            });
             Ok(())
         })
         .await
@@ -874,7 +877,7 @@ mod tests {
             .collect();
         assert!(
             left.iter()
-                .all(|n| !n.starts_with("installing-") && !n.starts_with("received-")),
+                .all(|n| !n.starts_with("installing-") && !n.starts_with("incoming-")),
             "left behind: {left:?}"
         );
         assert!(store.with_catalog(|c| c.active_boundary("a").is_some()));

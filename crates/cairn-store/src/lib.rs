@@ -31,7 +31,7 @@ use rocksdb::{
 };
 
 pub use catalog::{Catalog, Lease};
-pub use checkpoint::{pack_dir, unpack_dir};
+pub use checkpoint::{pack_dir, packed_size, sync_dir, unpack_dir, unpack_from, unpack_into};
 pub use planned::{PlannedRun, Speculation};
 pub use read::{Direction, PageLimit, ReadStart, event_bytes};
 
@@ -139,6 +139,26 @@ pub enum StoreError {
         /// RocksDB's report, which names the damaged file.
         detail: String,
     },
+    /// The state machine is half replaced by a snapshot install that did not finish.
+    #[error(
+        "the state machine cannot be read: {0}; a restart finishes the install from the same \
+         snapshot"
+    )]
+    InstallIncomplete(String),
+    /// Not enough free disk to install a snapshot; nothing was changed.
+    #[error(
+        "cannot install the snapshot: it needs {needed} bytes free under {}, {free} are free; \
+         nothing was changed (free disk space or grow the volume, docs/replication.md)",
+        path.display()
+    )]
+    NoSpaceForSnapshot {
+        /// Where the snapshot is unpacked.
+        path: PathBuf,
+        /// Bytes the install needs (the unpacked snapshot and a margin).
+        needed: u64,
+        /// Bytes free for this process.
+        free: u64,
+    },
     /// The directory holds a RocksDB database some other program wrote.
     #[error(
         "{path} holds a RocksDB database that Cairn did not write (column families: {families}); \
@@ -178,7 +198,11 @@ impl StoreError {
 
 impl From<StoreError> for cairn_core::Error {
     fn from(e: StoreError) -> Self {
-        cairn_core::Error::Internal(format!("storage failure: {e}"))
+        match e {
+            // Another node (or this one, once restarted) can answer: the client may retry.
+            StoreError::InstallIncomplete(_) => cairn_core::Error::Unavailable(e.to_string()),
+            other => cairn_core::Error::Internal(format!("storage failure: {other}")),
+        }
     }
 }
 
@@ -207,6 +231,11 @@ struct Inner {
     catalog: RwLock<Catalog>,
     /// Serialises writers: apply, snapshot installation. Readers never take it.
     writer: Mutex<()>,
+    /// Held shared by every consistent read for as long as it reads, and exclusively by a
+    /// snapshot install: a read sees the state before the install or after it, never the
+    /// half-replaced one. `Some` while the state is half replaced (an install failed, or
+    /// one a crash interrupted was not resumed yet): reads are refused with the reason.
+    gate: RwLock<Option<String>>,
 }
 
 /// Handle to the node's RocksDB: cheap to clone, safe to share across threads.
@@ -380,12 +409,19 @@ impl Store {
         check_format(&db)?;
         let db = Arc::new(db);
         let catalog = Catalog::load(&db)?;
+        let gate = checkpoint::pending_install_of(&db)?.map(|dir| {
+            format!(
+                "a snapshot install from {} was interrupted and has not been resumed",
+                dir.display()
+            )
+        });
         Ok(Store {
             inner: Arc::new(Inner {
                 db,
                 path,
                 catalog: RwLock::new(catalog),
                 writer: Mutex::new(()),
+                gate: RwLock::new(gate),
             }),
         })
     }
@@ -412,6 +448,29 @@ impl Store {
         self.inner
             .writer
             .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Opens the read gate (shared): fails while an install has half replaced the state.
+    pub(crate) fn read_gate(
+        &self,
+    ) -> Result<std::sync::RwLockReadGuard<'_, Option<String>>, StoreError> {
+        let gate = self
+            .inner
+            .gate
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*gate {
+            Some(reason) => Err(StoreError::InstallIncomplete(reason.clone())),
+            None => Ok(gate),
+        }
+    }
+
+    /// Closes the read gate for an install: waits for every read in progress to finish.
+    pub(crate) fn close_gate(&self) -> std::sync::RwLockWriteGuard<'_, Option<String>> {
+        self.inner
+            .gate
+            .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 

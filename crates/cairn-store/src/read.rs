@@ -6,6 +6,8 @@
 
 use cairn_core::event::StoredEvent;
 use cairn_core::{Criterion, Observation, Position, Query};
+use std::sync::RwLockReadGuard;
+
 use rocksdb::{DB, ReadOptions, SnapshotWithThreadMode};
 
 use crate::catalog::decode_json;
@@ -33,6 +35,14 @@ pub enum ReadStart {
     After(Position),
     /// At or after a prepare position (ASC only: subscription cursors).
     Prepare(u64),
+}
+
+/// A RocksDB snapshot taken and read with the read gate open (see [`Store::read_gate`]):
+/// an install cannot start while it is read, so the files an install drops never vanish
+/// from under it.
+struct Consistent<'a> {
+    snapshot: SnapshotWithThreadMode<'a, DB>,
+    _gate: RwLockReadGuard<'a, Option<String>>,
 }
 
 /// A consistent view of one boundary: a RocksDB snapshot, or the live DB for the writer.
@@ -370,12 +380,21 @@ impl Store {
 
     /// Greatest position matching `query` in a consistent snapshot, or `(-1,-1)`.
     pub fn query_position(&self, bid: u32, query: &Query) -> Result<Position, StoreError> {
-        let snapshot = self.inner.db.snapshot();
-        let view = self.snapshot_view(&snapshot, bid);
+        let consistent = self.consistent()?;
+        let snapshot = &consistent.snapshot;
+        let view = self.snapshot_view(snapshot, bid);
         let head = view.head()?;
         Ok(match view.latest(head, query)? {
             Some((p, c)) => Position::of_event(p, c),
             None => Position::NONE,
+        })
+    }
+
+    fn consistent(&self) -> Result<Consistent<'_>, StoreError> {
+        let gate = self.read_gate()?;
+        Ok(Consistent {
+            snapshot: self.inner.db.snapshot(),
+            _gate: gate,
         })
     }
 
@@ -428,8 +447,9 @@ impl Store {
     /// Where a subscription without `after_position` starts (S2): at the newest event
     /// matching `query`, or at the head when nothing matches yet. One snapshot.
     pub fn newest_match_cursor(&self, bid: u32, query: &Query) -> Result<u64, StoreError> {
-        let snapshot = self.inner.db.snapshot();
-        let view = self.snapshot_view(&snapshot, bid);
+        let consistent = self.consistent()?;
+        let snapshot = &consistent.snapshot;
+        let view = self.snapshot_view(snapshot, bid);
         let head = view.head()?;
         Ok(match view.latest(head, query)? {
             Some((prepare, _)) => prepare,
@@ -445,8 +465,9 @@ impl Store {
         direction: Direction,
         limit: PageLimit,
     ) -> Result<(Vec<StoredEvent>, u64), StoreError> {
-        let snapshot = self.inner.db.snapshot();
-        let view = self.snapshot_view(&snapshot, bid);
+        let consistent = self.consistent()?;
+        let snapshot = &consistent.snapshot;
+        let view = self.snapshot_view(snapshot, bid);
         let head = view.head()?;
         let start = match (start, direction) {
             (ReadStart::Edge, Direction::Asc) => Some(0),
@@ -472,8 +493,9 @@ impl Store {
         bid: u32,
         criteria: &[Criterion],
     ) -> Result<(Vec<Option<StoredEvent>>, Position), StoreError> {
-        let snapshot = self.inner.db.snapshot();
-        let view = self.snapshot_view(&snapshot, bid);
+        let consistent = self.consistent()?;
+        let snapshot = &consistent.snapshot;
+        let view = self.snapshot_view(snapshot, bid);
         let head = view.head()?;
         let mut context = Position::NONE;
         let mut results = Vec::with_capacity(criteria.len());
@@ -506,15 +528,16 @@ impl Store {
         if last.prepare < 0 || last.prepare.checked_add(1) != Some(last.commit) {
             return Ok(None);
         }
-        let snapshot = self.inner.db.snapshot();
-        let view = self.snapshot_view(&snapshot, bid);
+        let consistent = self.consistent()?;
+        let snapshot = &consistent.snapshot;
+        let view = self.snapshot_view(snapshot, bid);
         match view.get_event_raw(last.prepare as u64)? {
             Some(raw) if keys::commit_of_event_value(&raw)? == last.commit as u64 => {}
             _ => return Ok(None),
         }
         let key = keys::write_key(bid, last.commit as u64);
         let mut opts = ReadOptions::default();
-        opts.set_snapshot(&snapshot);
+        opts.set_snapshot(snapshot);
         match self.inner.db.get_cf_opt(self.cf(CF_WRITES)?, key, &opts)? {
             Some(bytes) => Ok(Some(decode_json("write context", &bytes)?)),
             None => Ok(Some(Vec::new())),
@@ -530,6 +553,7 @@ impl Store {
     /// position of its event, in id order. Empty for a boundary without the option. For
     /// checks that replicas agree and for offline inspection; it reads the whole index.
     pub fn event_id_index(&self, bid: u32) -> Result<Vec<(String, Position)>, StoreError> {
+        let _gate = self.read_gate()?;
         let cf = self.cf(CF_EVENT_IDS)?;
         let prefix = bid.to_be_bytes();
         let mut opts = ReadOptions::default();

@@ -387,6 +387,151 @@ async fn a_subscription_on_a_lagging_follower_starts_after_the_given_position() 
     );
 }
 
+const INSTALL_ROUNDS: u64 = 10;
+const SEED_BATCHES: u64 = 20;
+
+/// An unconditional write, retried while the cluster elects (a thawed follower's election
+/// timer has long expired: it campaigns, and the leader steps down). A retry may store
+/// the event twice, which the callers do not mind: they compare replicas, not writes.
+async fn save_retrying(es: &mut EventStoreClient<Channel>, e: pb::EventToSave) {
+    loop {
+        match save(es, vec![e.clone()], vec![]).await {
+            Ok(_) => return,
+            Err(status) if status.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("write: {status}"),
+        }
+    }
+}
+
+/// Hole 2 of the replication review: a snapshot install rewrote a follower's state in
+/// place while its subscriptions read pages, so a page read mid-install could send the
+/// cursor back to 0 (everything again) or past events (a gap). Ten times, the follower
+/// is frozen while the leader moves well past its purged log, thawed, and installs a
+/// snapshot under writes; its subscribers must receive exactly the commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_on_a_node_installing_snapshots_under_load_get_every_event_once() {
+    let snapshots = ["--snapshot-every-entries", "50", "--raft-log-kept", "10"];
+    let cluster = Cluster::start(3, &snapshots).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let lagging = others(&cluster.ids(), leader)[0];
+    let mut via_leader = client(&cluster, leader).await;
+    // A state large enough that an install takes a while, and a backlog the slow
+    // subscriber is still paging through while the installs happen.
+    for batch in 0..SEED_BATCHES {
+        let events = (0..1_000)
+            .map(|i| event("Seed", &format!(r#"{{"batch":{batch},"n":{i}}}"#)))
+            .collect();
+        save(&mut via_leader, events, vec![]).await.expect("seed");
+    }
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut subscribers = Vec::new();
+    // A consumer that keeps up, and one that takes a millisecond per event: always behind,
+    // its subscription reads page after page from storage while installs happen.
+    for (name, pause) in [("live", None), ("slow", Some(Duration::from_millis(1)))] {
+        let mut es = client(&cluster, lagging).await;
+        let mut stream = es
+            .catch_up_subscribe_to_events(admin(pb::CatchUpSubscribeToEventStoreRequest {
+                boundary: BOUNDARY.into(),
+                subscriber_name: name.into(),
+                after_position: Some(pb::Position {
+                    commit_position: 0,
+                    prepare_position: 0,
+                }),
+                query: None,
+            }))
+            .await
+            .expect("subscribe on the lagging follower")
+            .into_inner();
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        subscribers.push(got.clone());
+        tokio::spawn(async move {
+            while let Some(next) = stream.next().await {
+                match next {
+                    Ok(event) => got.lock().expect("lock").push(event.event_id),
+                    Err(status) => panic!("subscription {name} failed: {status}"),
+                }
+                if let Some(pause) = pause {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        });
+    }
+    // Writes all along, so installs happen while the leader moves on.
+    let background = {
+        let (mut es, stop) = (client(&cluster, leader).await, stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.is_cancelled() {
+                save_retrying(&mut es, event("Load", &format!(r#"{{"n":{n}}}"#))).await;
+                n += 1;
+            }
+        })
+    };
+    let installs = |exposition: &str| metric(exposition, "cairn_raft_snapshot_installs_total");
+    for round in 0..INSTALL_ROUNDS {
+        let before = installs(&http_get(cluster.node(lagging).http_addr, "/metrics").await);
+        cluster.pause(lagging);
+        for i in 0..150 {
+            let data = format!(r#"{{"round":{round},"n":{i}}}"#);
+            save_retrying(&mut via_leader, event("Tick", &data)).await;
+        }
+        cluster.resume(lagging);
+        wait_for(
+            &format!("node {lagging} to install snapshot {round}"),
+            || async {
+                let now = installs(&http_get(cluster.node(lagging).http_addr, "/metrics").await);
+                (now > before).then_some(())
+            },
+        )
+        .await;
+    }
+    stop.cancel();
+    background.await.expect("background writer");
+    caught_up(&cluster, lagging, leader).await;
+    let committed: Vec<String> = all_events(&mut via_leader)
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    for got in &subscribers {
+        // The slow consumer takes tens of seconds: wait while it makes progress.
+        let mut last = 0;
+        loop {
+            let now = got.lock().expect("lock").len();
+            if now >= committed.len() {
+                break;
+            }
+            assert!(
+                now > last,
+                "a subscription stalled at {now} of {} events",
+                committed.len()
+            );
+            last = now;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        let got = got.lock().expect("lock").clone();
+        let delivered: BTreeSet<&String> = got.iter().collect();
+        let repeats = got.len() - delivered.len();
+        let gaps = committed
+            .iter()
+            .filter(|id| !delivered.contains(id))
+            .count();
+        assert_eq!(
+            (gaps, repeats),
+            (0, 0),
+            "gaps and repeats in a subscription"
+        );
+        assert!(
+            got == committed,
+            "a subscription delivered events out of commit order"
+        );
+    }
+}
+
 /// A leadership transfer whose caller gives up (review finding 8): the leader stops its
 /// heartbeats for the hand-over, and before the fix only a transfer that finished turned
 /// them back on. A cancelled call left the group silent, and the other follower elected a

@@ -13,6 +13,12 @@
 //!   This is exact when the command's events match its own context query (the seed's
 //!   pattern: a decision appends to the context it read), since then a late commit of the
 //!   lost attempt also conflicts with the next one; see docs/idempotency.md.
+//!
+//! "Absent" is only true when asked: a lost attempt may still be on its way (in a
+//! forwarding queue, in a leader's log) and commit later. So once an attempt was
+//! ambiguous, every later context read is searched for the command's ids before the
+//! decision runs again: a late commit that made the next attempt conflict is found there,
+//! and the command ends committed instead of being decided a second time.
 
 use cairn_core::{Criterion, Position, Query, Tag};
 use cairn_proto::orisun as pb;
@@ -151,9 +157,24 @@ impl Client {
                 None
             }
         };
+        // Attempts whose outcome was lost: where their context was, and their first event
+        // (every decision's first event carries the command's first id).
+        let mut lost: Vec<(Position, NewEvent)> = Vec::new();
         'decide: loop {
-            let seen = match self.read_context(boundary, context, &query).await {
-                Ok(seen) => seen,
+            let read = match self.read_context(boundary, context, &query).await {
+                Ok(seen) => self
+                    .find_lost(boundary, &query, &lost)
+                    .await
+                    .map(|f| (seen, f)),
+                Err(error) => Err(error),
+            };
+            let seen = match read {
+                Ok((_, Some(result))) => {
+                    done.resolved_by_reading += 1;
+                    done.outcome = Outcome::Committed(result);
+                    return Ok(done);
+                }
+                Ok((seen, None)) => seen,
                 Err(error) if error.is_ambiguous() => {
                     if let Some(e) = give_up(&mut failures, error) {
                         return Err(e);
@@ -206,6 +227,11 @@ impl Client {
                     return Err(DecideError::Failed(error));
                 }
                 done.ambiguous += 1;
+                if !lost.iter().any(|(_, first)| {
+                    first.event_type == events[0].event_type && first.data == events[0].data
+                }) {
+                    lost.push((seen.position, events[0].clone()));
+                }
                 if let Some(e) = give_up(&mut failures, error) {
                     return Err(e);
                 }
@@ -213,29 +239,29 @@ impl Client {
                 if idempotent {
                     continue;
                 }
-                // Did the lost attempt commit? Keep asking until a read answers.
-                loop {
-                    match self
-                        .find_write(boundary, &query, seen.position, &events[0])
-                        .await
-                    {
-                        Ok(Some(result)) => {
-                            done.resolved_by_reading += 1;
-                            done.outcome = Outcome::Committed(result);
-                            return Ok(done);
-                        }
-                        Ok(None) => continue 'decide,
-                        Err(error) if error.is_ambiguous() => {
-                            if let Some(e) = give_up(&mut failures, error) {
-                                return Err(e);
-                            }
-                            tokio::time::sleep(self.backoff(failures)).await;
-                        }
-                        Err(error) => return Err(DecideError::Failed(error)),
-                    }
-                }
+                // Did the lost attempt commit? The next context read looks for it.
+                continue 'decide;
             }
         }
+    }
+
+    /// The write of any lost attempt that committed, searched since the earliest context
+    /// any of them observed (a no-op without lost attempts).
+    async fn find_lost(
+        &self,
+        boundary: &str,
+        query: &Query,
+        lost: &[(Position, NewEvent)],
+    ) -> Result<Option<WriteResult>, Error> {
+        let Some(since) = lost.iter().map(|(observed, _)| *observed).min() else {
+            return Ok(None);
+        };
+        for (_, first) in lost {
+            if let Some(found) = self.find_write(boundary, query, since, first).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
     }
 
     /// Reads the context; `query` is its criteria as one query (built once per command).

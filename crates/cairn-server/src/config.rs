@@ -214,7 +214,8 @@ pub struct ServeArgs {
     pub raft_election_timeout_ms: u64,
 
     /// How long a write or linearizable read waits for a leader (e.g. during an election)
-    /// before answering UNAVAILABLE, in milliseconds.
+    /// before answering UNAVAILABLE, in milliseconds. A leader gives one write twice this
+    /// to commit; a follower waits that and 2 s more for a forwarded one.
     #[arg(long, env = "CAIRN_LEADER_WAIT_MS", default_value_t = defaults::LEADER_WAIT_MS)]
     pub leader_wait_ms: u64,
 
@@ -847,7 +848,31 @@ fn boundary_list(names: Vec<String>, flag: &str) -> Result<Vec<String>, ConfigEr
     Ok(names)
 }
 
+/// How much longer a follower waits for a forwarded write than the leader's own bound on
+/// it, so that the leader's answer (committed, refused, or "not within the bound") arrives
+/// rather than the follower's guess.
+pub const FORWARD_REPLY_MARGIN: Duration = Duration::from_secs(2);
+
 impl ServeConfig {
+    /// The longest a leader waits for one write to commit (its own or a forwarded one)
+    /// before it answers that the outcome is unknown: a leader cut off from its majority
+    /// keeps proposing until it hears of its successor.
+    pub fn write_bound(&self) -> Duration {
+        self.leader_wait * 2
+    }
+
+    /// How long a follower waits for the leader's answer to a forwarded write: longer than
+    /// [`ServeConfig::write_bound`], so the leader always answers first.
+    pub fn forward_timeout(&self) -> Duration {
+        self.write_bound() + FORWARD_REPLY_MARGIN
+    }
+
+    /// The longest any node takes over one client write: finding a leader, then the
+    /// forwarded write.
+    pub fn client_write_bound(&self) -> Duration {
+        self.leader_wait + self.forward_timeout()
+    }
+
     /// A configuration for tests and embedding: loopback, ephemeral ports.
     pub fn for_test(data_dir: PathBuf) -> ServeConfig {
         ServeConfig {
@@ -903,6 +928,29 @@ mod tests {
             Command::Serve(args) => args.validate().map_err(|e| e.to_string()),
             Command::Cluster(_) => Err("not serve".to_string()),
         }
+    }
+
+    #[test]
+    fn a_follower_waits_longer_for_a_forwarded_write_than_the_leader_takes_over_it() {
+        for wait in ["1", "10000", "60000"] {
+            let config = parse(&["--leader-wait-ms", wait]).expect("valid");
+            assert_eq!(config.write_bound(), config.leader_wait * 2);
+            assert!(config.forward_timeout() > config.write_bound(), "{wait}");
+            assert!(
+                config.client_write_bound() > config.forward_timeout(),
+                "{wait}"
+            );
+        }
+        let defaults = parse(&[]).expect("valid");
+        assert_eq!(
+            [
+                defaults.write_bound(),
+                defaults.forward_timeout(),
+                defaults.client_write_bound()
+            ],
+            [20, 22, 32].map(Duration::from_secs),
+            "the figures docs/replication.md gives"
+        );
     }
 
     #[test]

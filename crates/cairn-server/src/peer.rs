@@ -43,7 +43,8 @@ use cairn_proto::CLUSTER_SECRET_HEADER as SECRET_HEADER;
 pub const MAX_PEER_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// How long a peer connection may take to establish.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Deadline of cluster-API calls between nodes (forwarded writes wait for the commit).
+/// Deadline of cluster-API calls between nodes (a forwarded write's is set by the server
+/// from its leader wait, see `ServeConfig::forward_timeout`).
 pub const CLUSTER_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the leader answers a forwarded command.
@@ -72,6 +73,8 @@ pub struct PeerClient {
     channels: Mutex<HashMap<String, Channel>>,
     streams: ForwardStreams,
     snapshot_chunks_sent: Option<prometheus::IntCounter>,
+    /// How long a forwarded write waits for the leader's answer.
+    forward_timeout: Duration,
 }
 
 impl std::fmt::Debug for PeerClient {
@@ -98,7 +101,15 @@ impl PeerClient {
             channels: Mutex::new(HashMap::new()),
             streams: ForwardStreams::default(),
             snapshot_chunks_sent: None,
+            forward_timeout: CLUSTER_CALL_TIMEOUT,
         })
+    }
+
+    /// Waits `timeout` for the leader's answer to a forwarded write (default
+    /// [`CLUSTER_CALL_TIMEOUT`]): the server sets it above the leader's own bound.
+    pub fn forwarding_within(mut self, timeout: Duration) -> Self {
+        self.forward_timeout = timeout;
+        self
     }
 
     /// Counts the snapshot chunks this client sends.
@@ -169,7 +180,7 @@ impl PeerClient {
                 bytes,
                 || self.cluster(addr),
                 self.secret.as_ref(),
-                CLUSTER_CALL_TIMEOUT,
+                self.forward_timeout,
             )
         });
         let bytes = match streamed.await {
@@ -178,7 +189,7 @@ impl PeerClient {
         };
         let reply = self
             .cluster(addr)?
-            .forward(self.cluster_request(pb::ForwardRequest { command: bytes }))
+            .forward(self.request(pb::ForwardRequest { command: bytes }, self.forward_timeout))
             .await?
             .into_inner();
         decode(&reply.reply)
@@ -510,7 +521,19 @@ pub async fn run_forwarded(node: &NodeState, command: Command) -> ForwardReply {
         Ok(reserved) => reserved,
         Err(full) => return ForwardReply::Outcome(Err(full)),
     };
-    match node.raft.write(command).await {
+    // Bounded like the leader's own writes, and below the follower's wait for this
+    // answer: the follower learns "unknown" from the leader, not from its own clock.
+    let bound = node.config.write_bound();
+    let written = match tokio::time::timeout(bound, node.raft.write(command)).await {
+        Ok(written) => written,
+        Err(_) => {
+            return ForwardReply::Unavailable(format!(
+                "the write was not committed within {} ms (is a majority of the cluster reachable?); it may or may not be applied",
+                bound.as_millis()
+            ));
+        }
+    };
+    match written {
         Ok(outcome) => ForwardReply::Outcome(outcome),
         Err(CairnRaftError::ForwardToLeader {
             leader_id,

@@ -406,7 +406,8 @@ async fn serve_on(
                     PeerClient::new(Some(&cluster.secret), local_ip)
                         .map_err(ServerError::Secret)?
                         .counting_snapshot_chunks(metrics.snapshot_chunks_sent.clone())
-                        .counting_forward_messages(metrics.forward_message_writes.clone()),
+                        .counting_forward_messages(metrics.forward_message_writes.clone())
+                        .forwarding_within(config.forward_timeout()),
                 );
                 let transport: Arc<dyn PeerTransport> = peers.clone();
                 (peers, transport, Formation::Member)

@@ -231,7 +231,13 @@ impl NodeState {
         let timer = self.metrics.raft_write_duration.start_timer();
         // A leader cut off from its majority keeps proposing until it learns of its
         // successor: bound the wait, the outcome is then unknown to us.
-        let bound = self.config.leader_wait * 2;
+        // On a follower the forwarded write has its own, longer, bound (the leader's and a
+        // margin), so the leader's answer comes back rather than this one.
+        let bound = if self.raft.is_leader() {
+            self.config.write_bound()
+        } else {
+            self.config.client_write_bound()
+        };
         let outcome = match tokio::time::timeout(bound, self.propose_anywhere(command)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(Error::Unavailable(format!(

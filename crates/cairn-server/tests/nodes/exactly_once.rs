@@ -244,3 +244,53 @@ async fn decide_commits_once_through_random_nodes_and_a_leader_kill() {
         indexes.len()
     );
 }
+
+/// Hole 3 of the replication review: an attempt whose reply was lost and that the client
+/// looked for and did not find commits after all, late, before the next attempt. That
+/// attempt conflicts (the late write moved the context); before the fix the client read the
+/// context again and decided again: a second deposit of a command that had committed. Now
+/// every context read after an ambiguous attempt is searched for the command's ids first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_attempt_that_commits_late_is_found_not_decided_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let node = Node::spawn(dir.path(), &["--boundaries", PLAIN]);
+    let proxy = LossyProxy::holding_first_save(node.addr).await;
+    let through_proxy = client(&[proxy.endpoint()]);
+    let context = ContextQuery::All(vec![Criterion::of([("account", "a")])]);
+    let decisions = AtomicU64::new(0);
+    let decided = through_proxy
+        .decide(PLAIN, &context, |_| {
+            decisions.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, std::convert::Infallible>(vec![NewEvent::new(
+                "Deposited",
+                &json!({ "account": "a", "amount": 10 }),
+            )])
+        })
+        .await
+        .expect("the command ends");
+
+    let reader = client(&[format!("http://{}", node.addr)]);
+    let events = reader.read_all(PLAIN, None, None).await.expect("read");
+    assert_eq!(events.len(), 1, "the deposit is stored once: {events:?}");
+    let Outcome::Committed(result) = &decided.outcome else {
+        panic!("the command committed, but the client says {decided:?}");
+    };
+    assert_eq!(result.position, events[0].position, "{decided:?}");
+    assert_eq!(events[0].id, decided.event_ids[0]);
+    // The lost attempt, the one that conflicted with it, and the read that found it.
+    assert_eq!(
+        (
+            decided.ambiguous,
+            decided.conflicts,
+            decided.resolved_by_reading
+        ),
+        (1, 1, 1),
+        "{decided:?}"
+    );
+    assert_eq!(
+        decisions.load(Ordering::Relaxed),
+        2,
+        "decided twice, not three times"
+    );
+    assert_eq!(proxy.counts.unsent.load(Ordering::Relaxed), 1);
+}

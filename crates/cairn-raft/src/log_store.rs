@@ -6,8 +6,10 @@
 //! entries are written at once (so they are readable when `append` returns, as openraft
 //! requires) and made durable by the syncer thread, which fsyncs the WAL once for every
 //! append that arrived while the previous fsync ran and only then reports them persisted.
-//! That is group commit: under load one fsync covers many writes, and the Raft core is
-//! never blocked on the disk.
+//! That is group commit: under load one fsync covers many writes. It does not take the
+//! fsync off the Raft core's path: openraft 0.9 waits for the flush callback before it
+//! goes on (`raft_core.rs`, the append's `LogFlushed`), so a slow disk still slows
+//! replication; what the syncer saves is fsyncs, not waiting.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

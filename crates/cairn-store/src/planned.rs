@@ -409,18 +409,28 @@ mod tests {
 
         /// Planning a run (with up to `depth` planned runs in flight, unapplied) and writing
         /// its rows gives the outcomes and the bytes that applying the run gives.
+        ///
+        /// It also covers the proposer's concurrent window: the oldest entry in flight may
+        /// be applied before the next plan is made while its speculation is still counted
+        /// (the waiter that forgets it has not run yet), or applied on another thread while
+        /// the plan reads the state. The overlay must count such an entry once.
         #[test]
         fn planned_runs_write_what_applying_them_writes(
-            batches in prop::collection::vec(prop::collection::vec(gen_append(), 1..5), 1..12),
+            batches in prop::collection::vec(
+                (prop::collection::vec(gen_append(), 1..5), 0..3u8), 1..12),
             depth in 0..4usize,
             retries in prop::collection::vec(any::<prop::sample::Index>(), 0..4),
         ) {
             let (a_dir, b_dir) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
             let applied = open_with_boundaries(a_dir.path());
             let planned = open_with_boundaries(b_dir.path());
-            let mut in_flight: VecDeque<PlannedRun> = VecDeque::new();
+            // Each run in flight, and whether its rows are written already.
+            let mut in_flight: VecDeque<(PlannedRun, bool)> = VecDeque::new();
+            let write = |store: &Store, plan: &PlannedRun| {
+                store.apply_rows(&plan.heads, &plan.rows, b"m").expect("rows");
+            };
             let mut history: Vec<Append> = Vec::new();
-            for (seq, batch) in batches.iter().enumerate() {
+            for (seq, (batch, window)) in batches.iter().enumerate() {
                 let mut run: Vec<Append> =
                     batch.iter().map(|g| realize(&applied, g, seq as u64)).collect();
                 // Exact retries of earlier writes (X1 answers them with the first result).
@@ -432,31 +442,64 @@ mod tests {
                 let refs: Vec<&Append> = run.iter().collect();
                 let expected = applied.apply_appends(&refs, b"m").expect("apply");
                 let speculations: Vec<Arc<Speculation>> =
-                    in_flight.iter().map(|p| p.speculation.clone()).collect();
-                match planned.plan_appends(&refs, &speculations).expect("plan") {
+                    in_flight.iter().map(|(p, _)| p.speculation.clone()).collect();
+                // 0: the oldest entry stays unapplied; 1: it is applied before planning
+                // and still counted; 2: it is applied on another thread while planning.
+                let unwritten_front = in_flight.front().filter(|(_, written)| !written);
+                let plan = match (window, unwritten_front) {
+                    (1, Some((front, _))) => {
+                        write(&planned, front);
+                        in_flight[0].1 = true;
+                        planned.plan_appends(&refs, &speculations).expect("plan")
+                    }
+                    (2, Some((front, _))) => {
+                        let start = std::sync::Barrier::new(2);
+                        let plan = std::thread::scope(|scope| {
+                            scope.spawn(|| {
+                                start.wait();
+                                write(&planned, front);
+                            });
+                            start.wait();
+                            planned.plan_appends(&refs, &speculations).expect("plan")
+                        });
+                        in_flight[0].1 = true;
+                        plan
+                    }
+                    _ => planned.plan_appends(&refs, &speculations).expect("plan"),
+                };
+                match plan {
                     Some(plan) => {
                         prop_assert_eq!(&plan.outcomes, &expected, "batch {}", seq);
-                        in_flight.push_back(plan);
+                        in_flight.push_back((plan, false));
                     }
                     None => {
                         // Not plannable here: proposed as it is, so it applies after the
                         // runs in flight.
                         prop_assert!(!in_flight.is_empty());
-                        for plan in in_flight.drain(..) {
-                            planned.apply_rows(&plan.heads, &plan.rows, b"m").expect("rows");
+                        for (plan, written) in in_flight.drain(..) {
+                            if !written {
+                                write(&planned, &plan);
+                            }
                         }
                         let outcomes = planned.apply_appends(&refs, b"m").expect("apply");
                         prop_assert_eq!(&outcomes, &expected, "batch {} unplanned", seq);
                     }
                 }
+                // An entry applied early is forgotten once planning is over, as the
+                // waiter forgets it.
+                while in_flight.front().is_some_and(|(_, written)| *written) {
+                    in_flight.pop_front();
+                }
                 while in_flight.len() > depth {
-                    let plan = in_flight.pop_front().expect("plan");
-                    planned.apply_rows(&plan.heads, &plan.rows, b"m").expect("rows");
+                    let (plan, _) = in_flight.pop_front().expect("plan");
+                    write(&planned, &plan);
                 }
                 history.extend(run);
             }
-            for plan in in_flight.drain(..) {
-                planned.apply_rows(&plan.heads, &plan.rows, b"m").expect("rows");
+            for (plan, written) in in_flight.drain(..) {
+                if !written {
+                    write(&planned, &plan);
+                }
             }
             prop_assert_eq!(contents(&planned), contents(&applied));
             prop_assert_eq!(

@@ -166,6 +166,16 @@ impl AuthFailure {
         }
     }
 
+    /// True when the verdict rests on a user record this node may not have yet: an
+    /// unknown name, a password or a token's credential generation from a change made
+    /// through another node.
+    pub fn may_be_stale(&self) -> bool {
+        match self {
+            AuthFailure::BadPassword | AuthFailure::BadToken => true,
+            AuthFailure::Missing | AuthFailure::Malformed | AuthFailure::Throttled => false,
+        }
+    }
+
     fn message(&self) -> &'static str {
         match self {
             AuthFailure::Missing => {

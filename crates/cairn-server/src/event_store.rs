@@ -60,7 +60,7 @@ async fn save(
     observations: Vec<Observation>,
 ) -> Result<pb::WriteResult, Error> {
     note_boundary(&boundary);
-    node.active_boundary(&boundary)?;
+    node.active_boundary_for_write(&boundary).await?;
     let events = validate_events(
         raw_events.into_iter().map(raw_event_from_wire).collect(),
         node.config.max_event_bytes,
@@ -317,7 +317,7 @@ impl EventStore for EventStoreService {
         let req = request.into_inner();
         let result = async {
             note_boundary(&req.boundary);
-            node.active_boundary(&req.boundary)?;
+            node.active_boundary_for_write(&req.boundary).await?;
             let boundary = req.boundary.clone();
             let index = index_from_wire(req)?;
             index.validate()?;
@@ -337,7 +337,7 @@ impl EventStore for EventStoreService {
         let req = request.into_inner();
         let result = async {
             note_boundary(&req.boundary);
-            node.active_boundary(&req.boundary)?;
+            node.active_boundary_for_write(&req.boundary).await?;
             node.execute(Command::DropIndex {
                 boundary: req.boundary,
                 name: req.name,

@@ -120,7 +120,21 @@ where
                 .get::<tonic::transport::server::TcpConnectInfo>()
                 .and_then(|info| info.remote_addr())
                 .map(|a| a.ip());
-            let principal = match node.auth.authenticate(req.headers(), addr).await {
+            let mut authenticated = node.auth.authenticate(req.headers(), addr).await;
+            if let Err((_, failure)) = &authenticated
+                && failure.may_be_stale()
+                && !node.raft.is_leader()
+            {
+                // A user, a password or a token made through another node may not have
+                // reached this one yet: bring the catalog up to everything committed and
+                // look again. (A leader has applied every change it acknowledged.)
+                let failure = *failure;
+                authenticated = match node.read_barrier().await {
+                    Ok(()) => node.auth.authenticate(req.headers(), addr).await,
+                    Err(e) => Err((e, failure)),
+                };
+            }
+            let principal = match authenticated {
                 Ok(p) => p,
                 Err((error, failure)) => {
                     metrics

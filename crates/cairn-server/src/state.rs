@@ -219,6 +219,19 @@ impl NodeState {
             .ok_or_else(|| Error::BoundaryNotActive(name.to_string()))
     }
 
+    /// The active boundary `name`, for a write. A boundary created through another node
+    /// may not have reached this one yet: before refusing, pass the read barrier (which
+    /// brings this node's catalog up to everything committed) and look again.
+    pub async fn active_boundary_for_write(&self, name: &str) -> Result<BoundaryInfo, Error> {
+        match self.active_boundary(name) {
+            Err(Error::BoundaryNotActive(_)) => {
+                self.read_barrier().await?;
+                self.active_boundary(name)
+            }
+            found => found,
+        }
+    }
+
     /// Replicates a command and returns its outcome. On a follower the command goes to the
     /// leader over the peer port and its outcome (conflicts included) comes back. Waits up
     /// to the configured leader wait while no leader is known; a command is retried only

@@ -10,7 +10,8 @@
 //! first event, renewed every 5 s, released when the stream ends; a holder that vanishes
 //! without releasing loses it 15 s after its last renewal. One task per node renews every
 //! open subscription's lease at once, so the renewals of a node's subscriptions fold into
-//! the same few Raft entries; a subscription whose renewal fails ends with that error.
+//! the same few Raft entries; a subscription whose renewal fails ends with that error, and
+//! every subscription of a node removed from the cluster ends at its next renewal.
 //!
 //! Subscriptions are a user's standing claim on a node (a task, a lease renewed through
 //! Raft), so a user holds at most `--max-subscriptions-per-user` of them on a node and a
@@ -210,6 +211,9 @@ impl Drop for Tracked {
     }
 }
 
+/// Why a subscription on a node removed from the cluster ends.
+pub const NOT_A_MEMBER: &str = "this node was removed from the cluster and receives no more events: subscribe through a member";
+
 /// Renews the lease of every open subscription every `--lease-renew` (5 s), all at once:
 /// concurrent proposals fold into the same Raft entries. A subscription whose renewal
 /// fails ends with the error.
@@ -225,6 +229,20 @@ pub fn spawn_renewals(node: Arc<NodeState>) -> tokio::task::JoinHandle<()> {
                 _ = node.shutdown.cancelled() => return,
             }
             let held = node.subscriptions.held_leases();
+            if !held.is_empty() && removed_from_cluster(&node).await {
+                // A removed node that keeps running applies nothing more, yet its renewals
+                // would still succeed through the leader: its subscriptions would stay
+                // open and silent. End them, so their clients go to a member.
+                for (lease, lost) in &held {
+                    tracing::info!(
+                        subscriber = %lease.subscriber,
+                        boundary = %lease.boundary,
+                        "this node is no longer a member of the cluster; the subscription ends"
+                    );
+                    lost.lose(Error::Unavailable(NOT_A_MEMBER.into()));
+                }
+                continue;
+            }
             let renewals = held.iter().map(|(lease, lost)| {
                 let node = &node;
                 async move {
@@ -241,6 +259,42 @@ pub fn spawn_renewals(node: Arc<NodeState>) -> tokio::task::JoinHandle<()> {
             futures::future::join_all(renewals).await;
         }
     })
+}
+
+/// True when this node knows it is no longer a member: its own membership says so, or
+/// the leader's does. A removed learner usually never hears of its removal (the leader
+/// stops replicating to it at once), so a follower asks the leader; an unanswered
+/// question counts as "still a member" (the lease renewal fails on its own then).
+async fn removed_from_cluster(node: &NodeState) -> bool {
+    if !node.raft.is_member() {
+        return true;
+    }
+    if node.raft.is_leader() {
+        return false;
+    }
+    let Some(leader) = node.raft.leader() else {
+        return false;
+    };
+    let request = node
+        .peers
+        .cluster_request(cairn_proto::cairn_v1::StatusRequest {});
+    let answer = match node.peers.cluster(&leader.addr) {
+        Ok(mut client) => client.status(request).await,
+        Err(status) => Err(status),
+    };
+    match answer {
+        Ok(status) => {
+            let own = node.raft.node_id();
+            let status = status.into_inner();
+            // Only the leader's own view counts: a node that lost leadership answers
+            // with a membership that may be stale.
+            status.role == "leader" && !status.members.iter().any(|m| m.node_id == own)
+        }
+        Err(e) => {
+            tracing::debug!("failed to ask the leader whether this node is still a member: {e}");
+            false
+        }
+    }
 }
 
 struct Lease {

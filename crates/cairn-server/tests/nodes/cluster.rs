@@ -12,10 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cairn_proto::orisun as pb;
+use cairn_proto::orisun::admin_client::AdminClient;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
 use futures::StreamExt;
-use support::admin;
-use support::cluster::{Cluster, SECRET, wait_for};
+use support::cluster::{Cluster, SECRET, WAIT, wait_for};
+use support::{admin, http_get, metric};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -385,6 +386,142 @@ async fn a_subscription_on_a_lagging_follower_starts_after_the_given_position() 
         first.event_id, after.event_id,
         "the first event delivered is the one after the checkpoint, not one the consumer had"
     );
+}
+
+/// Sends `request` to the lagging node until it is answered other than UNAVAILABLE,
+/// healing the cut links after the first UNAVAILABLE (the node cannot catch up while cut).
+async fn until_answered<T, F, Fut>(cluster: &Cluster, what: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        match call().await {
+            Ok(answer) => return answer,
+            Err(status) if status.code() == Code::Unavailable => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{what}: {status}"
+                );
+                cluster.heal();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => panic!("{what}: {status}"),
+        }
+    }
+}
+
+/// Review L9: a boundary and a user created through the leader are found on a node that
+/// has not applied them yet. Before the fix the lagging node refused the write at once
+/// (FAILED_PRECONDITION for the boundary, UNAUTHENTICATED for the user) from its stale
+/// catalog; now it passes the read barrier and looks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_node_finds_a_boundary_and_a_user_created_elsewhere() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let lagging = others(&cluster.ids(), leader)[0];
+    let mut admin_on_leader = AdminClient::new(cluster.node(leader).channel().await);
+    let mut on_lagging = client(&cluster, lagging).await;
+
+    cluster.cut(leader, lagging);
+    admin_on_leader
+        .create_boundary(admin(pb::CreateBoundaryRequest {
+            name: "late_orders".into(),
+            ..Default::default()
+        }))
+        .await
+        .expect("create a boundary through the leader");
+    let write = |es: &mut EventStoreClient<Channel>,
+                 request: tonic::Request<pb::SaveEventsV2Request>| {
+        let mut es = es.clone();
+        async move { es.save_events_v2(request).await }
+    };
+    let to_late_orders = || pb::SaveEventsV2Request {
+        boundary: "late_orders".into(),
+        events: vec![event("Placed", "{}")],
+        ..Default::default()
+    };
+    until_answered(&cluster, "write to a boundary created elsewhere", || {
+        write(&mut on_lagging, admin(to_late_orders()))
+    })
+    .await;
+
+    cluster.cut(leader, lagging);
+    admin_on_leader
+        .create_user(admin(pb::CreateUserRequest {
+            name: "late".into(),
+            username: "late".into(),
+            password: "late-password".into(),
+            roles: vec!["OPERATIONS".into()],
+        }))
+        .await
+        .expect("create a user through the leader");
+    until_answered(&cluster, "write as a user created elsewhere", || {
+        write(
+            &mut on_lagging,
+            support::with_basic(to_late_orders(), "late", "late-password"),
+        )
+    })
+    .await;
+    // A wrong password is still refused, after the same look.
+    let refused = write(
+        &mut on_lagging,
+        support::with_basic(to_late_orders(), "late", "wrong-password"),
+    )
+    .await
+    .expect_err("a wrong password");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused}");
+}
+
+/// Review L10: a node removed from the cluster that keeps running applies nothing more,
+/// yet its lease renewals went on succeeding through the leader, so its subscriptions
+/// stayed open and silent for ever. They end now, UNAVAILABLE, at the next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_ends_its_subscriptions() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    cluster.join(4, leader, &[]).await;
+    agreed_membership(&cluster, leader, &[1, 2, 3], &[4]).await;
+    let mut stream = client(&cluster, 4)
+        .await
+        .catch_up_subscribe_to_events(admin(pb::CatchUpSubscribeToEventStoreRequest {
+            boundary: BOUNDARY.into(),
+            subscriber_name: "projector".into(),
+            after_position: None,
+            query: None,
+        }))
+        .await
+        .expect("subscribe on the learner")
+        .into_inner();
+    let mut via_leader = client(&cluster, leader).await;
+    save(&mut via_leader, vec![event("Before", "{}")], vec![])
+        .await
+        .expect("write");
+    let first = tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("the learner delivers")
+        .expect("open")
+        .expect("an event");
+    assert_eq!(first.event_type, "Before");
+
+    cluster.cli(leader, &["remove", "4"]);
+    save(&mut via_leader, vec![event("After", "{}")], vec![])
+        .await
+        .expect("write after the removal");
+    let ended = tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("the subscription on the removed node ends instead of staying silent");
+    match ended {
+        Some(Err(status)) => {
+            assert_eq!(status.code(), Code::Unavailable, "{status}");
+            assert!(
+                status.message().contains("removed from the cluster"),
+                "{status}"
+            );
+        }
+        other => panic!("expected UNAVAILABLE, got {other:?}"),
+    }
 }
 
 const INSTALL_ROUNDS: u64 = 10;
@@ -1210,32 +1347,6 @@ async fn a_whole_cluster_restarts_with_its_data_and_hands_leadership_over() {
         let ids: Vec<String> = events.into_iter().map(|e| e.event_id).collect();
         assert_eq!(ids, written, "node {id} kept every write");
     }
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .expect("request");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.expect("response");
-    body
-}
-
-/// The value of an unlabelled series in a Prometheus exposition.
-fn metric(exposition: &str, name: &str) -> f64 {
-    exposition
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no series {name}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

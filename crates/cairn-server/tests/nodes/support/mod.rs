@@ -236,3 +236,30 @@ pub fn repo_root() -> std::path::PathBuf {
         std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
     Path::new(&manifest).join("../..")
 }
+
+/// The body of an HTTP/1.0 GET of `path` from `addr` (headers included).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.expect("response");
+    body
+}
+
+/// The value of an unlabelled series in a Prometheus exposition.
+pub fn metric(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no series {name}"))
+}

@@ -1,7 +1,9 @@
 //! The bank test, Jepsen-style: eight accounts, eight concurrent clients moving money with
 //! CCC transfers through random nodes of a three-node cluster, while a nemesis kills and
-//! restarts the leader or a random node, freezes one, or partitions one off, every few
-//! seconds. Clients follow the seed's retry loop: on ALREADY_EXISTS re-read and re-decide;
+//! restarts the leader or a random node, freezes one, partitions one off, or kills one and
+//! wipes its data before restarting it with its original flags (a lost volume), every few
+//! seconds. Snapshots are taken every 50 entries and only 10 are kept, so a node that was
+//! down or cut off catches up by installing a snapshot while the others take writes. Clients follow the seed's retry loop: on ALREADY_EXISTS re-read and re-decide;
 //! on an ambiguous failure re-read, look for the transfer's event id, and retry only if it
 //! is absent. At the end: money is conserved, no balance is negative, every acknowledged
 //! transfer is there exactly once, and every replica returns byte-identical events.
@@ -19,8 +21,8 @@ use cairn_proto::orisun as pb;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
 use rand::Rng;
 use rand::seq::SliceRandom;
-use support::admin;
 use support::cluster::Cluster;
+use support::{admin, http_get, metric};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -223,6 +225,16 @@ struct Faults {
     random_kills: usize,
     pauses: usize,
     partitions: usize,
+    wipes: usize,
+    /// Snapshots installed by the nodes (counted from their metrics before each kill and
+    /// at the end).
+    snapshot_installs: u64,
+}
+
+/// Snapshots node `id` has installed since it started.
+async fn snapshot_installs(cluster: &Cluster, id: u64) -> u64 {
+    let exposition = http_get(cluster.node(id).http_addr, "/metrics").await;
+    metric(&exposition, "cairn_raft_snapshot_installs_total") as u64
 }
 
 fn publish(cluster: &Cluster, endpoints: &Endpoints) {
@@ -235,12 +247,16 @@ fn publish(cluster: &Cluster, endpoints: &Endpoints) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bank_transfers_conserve_money_under_kills_pauses_and_partitions() {
+async fn bank_transfers_conserve_money_under_kills_pauses_partitions_and_wipes() {
     let seconds: u64 = std::env::var("CAIRN_BANK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(45);
-    let mut cluster = Cluster::start(3, &[]).await;
+    let mut cluster = Cluster::start(
+        3,
+        &["--snapshot-every-entries", "50", "--raft-log-kept", "10"],
+    )
+    .await;
     let leader = cluster.leader_among(&[1, 2, 3]).await;
     let mut es = EventStoreClient::new(cluster.node(leader).channel().await);
     for i in 0..ACCOUNTS {
@@ -288,9 +304,10 @@ async fn bank_transfers_conserve_money_under_kills_pauses_and_partitions() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let ids = cluster.ids();
         let victim = *ids.choose(&mut rand::thread_rng()).expect("a node");
-        match round % 4 {
+        match round % 5 {
             0 => {
                 let leader = cluster.leader_among(&ids).await;
+                faults.snapshot_installs += snapshot_installs(&cluster, leader).await;
                 cluster.kill(leader);
                 publish(&cluster, &endpoints);
                 tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -298,6 +315,7 @@ async fn bank_transfers_conserve_money_under_kills_pauses_and_partitions() {
                 faults.leader_kills += 1;
             }
             1 => {
+                faults.snapshot_installs += snapshot_installs(&cluster, victim).await;
                 cluster.kill(victim);
                 publish(&cluster, &endpoints);
                 tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -310,11 +328,22 @@ async fn bank_transfers_conserve_money_under_kills_pauses_and_partitions() {
                 cluster.resume(victim);
                 faults.pauses += 1;
             }
-            _ => {
+            3 => {
                 cluster.isolate(victim);
                 tokio::time::sleep(Duration::from_millis(2500)).await;
                 cluster.heal();
                 faults.partitions += 1;
+            }
+            _ => {
+                // The leader too: the other two elect one, and the wiped node must neither
+                // vote on the log it lost nor lose a write; it rejoins and is promoted.
+                faults.snapshot_installs += snapshot_installs(&cluster, victim).await;
+                cluster.kill(victim);
+                cluster.wipe(victim);
+                publish(&cluster, &endpoints);
+                cluster.restart(victim).await;
+                cluster.voting_everywhere(victim).await;
+                faults.wipes += 1;
             }
         }
         publish(&cluster, &endpoints);
@@ -329,6 +358,9 @@ async fn bank_transfers_conserve_money_under_kills_pauses_and_partitions() {
     let leader = cluster.leader_among(&cluster.ids()).await;
     let last = cluster.status(leader).await.expect("status").last_log_index;
     cluster.applied_everywhere(&cluster.ids(), last).await;
+    for id in cluster.ids() {
+        faults.snapshot_installs += snapshot_installs(&cluster, id).await;
+    }
     let tally = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
     let mut replicas = BTreeMap::new();
     for id in cluster.ids() {

@@ -79,24 +79,6 @@ async fn no_leader_among(cluster: &Cluster, ids: &[u64]) {
     }
 }
 
-/// Waits until node `id` votes again and every running node counts it as a voter.
-async fn voter_again(cluster: &Cluster, id: u64, everyone: &[u64]) {
-    wait_for("the wiped node to be a voting member again", || async {
-        let own = cluster.status(id).await.ok()?;
-        if own.standing != "voting" {
-            return None;
-        }
-        for &other in everyone {
-            let status = cluster.status(other).await.ok()?;
-            if !status.members.iter().any(|m| m.node_id == id && m.voter) {
-                return None;
-            }
-        }
-        Some(())
-    })
-    .await;
-}
-
 async fn standing_is(cluster: &Cluster, id: u64, standing: &str) {
     wait_for("a node to report its standing", || async {
         let status = cluster.status(id).await.ok()?;
@@ -136,7 +118,7 @@ async fn a_wiped_voter_and_a_crash_lose_no_acknowledged_write() {
     cluster.restart(leader).await;
     let node = coming_back.serving_async().await;
     cluster.adopt(wiped, node);
-    voter_again(&cluster, wiped, &[1, 2, 3]).await;
+    cluster.voting_everywhere(wiped).await;
     for id in [1, 2, 3] {
         assert_eq!(
             event_ids(&cluster, id).await,
@@ -162,7 +144,7 @@ async fn a_rejoined_node_votes_after_a_restart_and_a_leader_change() {
     cluster.kill(wiped);
     cluster.wipe(wiped);
     cluster.restart(wiped).await;
-    voter_again(&cluster, wiped, &[1, 2, 3]).await;
+    cluster.voting_everywhere(wiped).await;
 
     // Now it must vote: with the old leader down, the other two elect one.
     cluster.kill(wiped);
@@ -220,9 +202,42 @@ async fn two_wiped_voters_of_three_wait_for_an_operator_and_lose_nothing() {
         cluster.adopt(id, node);
     }
     for id in wiped {
-        voter_again(&cluster, id, &[1, 2, 3]).await;
+        cluster.voting_everywhere(id).await;
     }
     for id in [1, 2, 3] {
+        assert_eq!(event_ids(&cluster, id).await, written, "node {id}");
+    }
+}
+
+/// The leader remembers how far a follower's log matched; a wiped follower has lost that.
+/// Found by the bank test's wipe nemesis: with the log purged past what the follower had,
+/// openraft's search for the matching entry ran below its remembered match and wrapped
+/// around, the leader sent the entries after its purge point as if they began the log, and
+/// the wiped node's Raft stopped ("try to get log at index 0 but got 602"). The leader must
+/// start over (the `loosen-follower-log-revert` feature) and send a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_follower_rejoins_from_a_snapshot_when_the_leader_purged_its_log() {
+    let mut cluster = Cluster::start(
+        3,
+        &["--snapshot-every-entries", "20", "--raft-log-kept", "5"],
+    )
+    .await;
+    let leader = cluster.leader_among(&[1, 2, 3]).await;
+    let wiped = cluster
+        .ids()
+        .into_iter()
+        .find(|&i| i != leader)
+        .expect("a follower");
+    // Purged up to a point below what the follower had, which it loses straight away.
+    let mut written = write_acknowledged(&mut client(&cluster, leader).await, 60).await;
+    cluster.kill(wiped);
+    cluster.wipe(wiped);
+    cluster.restart(wiped).await;
+    cluster.voting_everywhere(wiped).await;
+    written.extend(write_acknowledged(&mut client(&cluster, leader).await, 5).await);
+    let last = cluster.status(leader).await.expect("status").last_log_index;
+    cluster.applied_everywhere(&cluster.ids(), last).await;
+    for id in cluster.ids() {
         assert_eq!(event_ids(&cluster, id).await, written, "node {id}");
     }
 }

@@ -351,6 +351,37 @@ impl Cluster {
         self.member_mut(id).node = Some(node);
     }
 
+    /// Waits until node `id` votes again (a wiped node has rejoined and been promoted)
+    /// and every running node counts it as a voter.
+    pub async fn voting_everywhere(&self, id: u64) {
+        wait_for(
+            &format!("node {id} to be a voting member again"),
+            || async {
+                let own = self.status(id).await.ok()?;
+                if own.standing != "voting" {
+                    return None;
+                }
+                for other in self.running() {
+                    let status = self.status(other).await.ok()?;
+                    if !status.members.iter().any(|m| m.node_id == id && m.voter) {
+                        return None;
+                    }
+                }
+                Some(())
+            },
+        )
+        .await;
+    }
+
+    /// The ids of the nodes that run (not killed), paused ones included.
+    pub fn running(&self) -> Vec<u64> {
+        self.members
+            .values()
+            .filter(|m| m.node.is_some())
+            .map(|m| m.id)
+            .collect()
+    }
+
     /// Deletes the data of node `id`, which must be down, as a lost volume would.
     pub fn wipe(&mut self, id: u64) {
         assert!(self.member(id).node.is_none(), "node {id} still runs");

@@ -1,7 +1,8 @@
 //! A Boundary becomes a Raft cluster of real `cairn` processes, run by the test kubelet:
 //! Active with the real leader and members; writes and reads through the client Service's
 //! endpoints; 3 → 5 → 3 under writes with no acknowledged write lost; the leader's Pod
-//! deleted, a new leader, the recreated Pod back on its volume.
+//! deleted, a new leader, the recreated Pod back on its volume; a follower's claim and Pod
+//! deleted (a lost volume), the Pod back on an empty one, rejoined with every event.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -244,6 +245,61 @@ async fn boundary_runs_as_a_cluster() {
         events.len(),
         "the recreated node has every event"
     );
+
+    // A follower's volume is lost: its claim goes, then its pod; the StatefulSet makes
+    // both again and the pod starts, with the flags it always had, on an empty volume. It
+    // must not vote on the log it lost: it rejoins, catches up and votes again, and every
+    // node still holds every event.
+    let leader = agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
+    let wiped = (1..=3).find(|&id| id != leader).expect("a follower");
+    let wiped_pod = build::pod_name(BOUNDARY, wiped);
+    let wiped_claim = format!("data-{wiped_pod}");
+    let lost_claim_uid = claims.get(&wiped_claim).await.expect("claim").metadata.uid;
+    claims
+        .delete(&wiped_claim, &DeleteParams::default())
+        .await
+        .expect("delete the follower's claim");
+    pods.delete(&wiped_pod, &DeleteParams::default())
+        .await
+        .expect("delete the follower's pod");
+    eventually_within(
+        "the follower's pod to come back on a new, empty claim",
+        CLUSTER_WAIT,
+        || {
+            let (kubelet, claims) = (&kubelet, claims.clone());
+            let (wiped_pod, wiped_claim) = (wiped_pod.clone(), wiped_claim.clone());
+            let lost_claim_uid = lost_claim_uid.clone();
+            async move {
+                let claim = claims.get_opt(&wiped_claim).await.ok()??;
+                let fresh = claim.metadata.uid != lost_claim_uid;
+                (fresh && kubelet.ip(&wiped_pod).await.is_some()).then_some(())
+            }
+        },
+    )
+    .await;
+    eventually_within("the wiped node to vote again", CLUSTER_WAIT, || {
+        let (kubelet, secret) = (&kubelet, cluster_secret.as_str());
+        async move {
+            let status = node_status(kubelet, secret, wiped).await?;
+            (status.standing == "voting").then_some(())
+        }
+    })
+    .await;
+    agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
+    active_with(&boundaries, &[1, 2, 3]).await;
+    for id in 1..=3 {
+        let ip = kubelet
+            .ip(&build::pod_name(BOUNDARY, id))
+            .await
+            .expect("runs");
+        let mut node = event_store(client_addr(ip), &credentials);
+        assert_eq!(
+            all_events(&mut node).await.len(),
+            events.len(),
+            "node {id} after node {wiped} lost its volume"
+        );
+    }
+    eprintln!("{wiped_pod} lost its volume, rejoined and votes again with every event");
     operator.abort();
 }
 

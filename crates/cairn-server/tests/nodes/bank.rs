@@ -349,15 +349,21 @@ async fn bank_transfers_conserve_money_under_kills_pauses_partitions_and_wipes()
         publish(&cluster, &endpoints);
         round += 1;
     }
+    let behind = tokio::time::Instant::now().saturating_duration_since(end);
     stop.cancel();
+    let draining = tokio::time::Instant::now();
     for client in clients {
         client.await.expect("client");
     }
+    // A run that takes far longer than CAIRN_BANK_SECS says where the time went.
+    let drained = draining.elapsed();
 
     // Verdict, read from every replica once they have applied everything.
+    let settling = tokio::time::Instant::now();
     let leader = cluster.leader_among(&cluster.ids()).await;
     let last = cluster.status(leader).await.expect("status").last_log_index;
     cluster.applied_everywhere(&cluster.ids(), last).await;
+    let settled = settling.elapsed();
     for id in cluster.ids() {
         faults.snapshot_installs += snapshot_installs(&cluster, id).await;
     }
@@ -400,12 +406,14 @@ async fn bank_transfers_conserve_money_under_kills_pauses_partitions_and_wipes()
     eprintln!(
         "bank: {seconds}s, faults {faults:?}; {transfers} transfers committed, {} acknowledged, \
          {} ambiguous outcomes resolved by reading, {} conflicts re-decided, {} unavailable \
-         retried, {} given up; violations 0",
+         retried, {} given up; violations 0 (nemesis {:.0?} behind schedule, clients drained \
+         in {drained:.1?}, replicas settled in {settled:.1?})",
         tally.acknowledged.len(),
         tally.ambiguous_resolved,
         tally.conflicts,
         tally.unavailable,
-        tally.gave_up
+        tally.gave_up,
+        behind
     );
     assert!(
         tally.acknowledged.len() >= 20,

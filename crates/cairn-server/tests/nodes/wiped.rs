@@ -193,9 +193,14 @@ async fn two_wiped_voters_of_three_wait_for_an_operator_and_lose_nothing() {
         "the survivor's log shrank to {kept} from {last}"
     );
 
-    for id in wiped {
-        let said = cluster.cli(id, &["allow-vote", &survivor.to_string()]);
-        assert!(said.contains("may now vote for node 3"), "{said}");
+    for (i, id) in wiped.into_iter().enumerate() {
+        match cluster.try_cli(id, &["allow-vote", &survivor.to_string()]) {
+            Ok(said) => assert!(said.contains("may now vote for node 3"), "{said}"),
+            // The first vote already elected the survivor, which made this node a learner
+            // and a voter again before it was asked: nothing was left to allow.
+            Err(said) if i > 0 && said.contains("votes as usual: nothing to allow") => {}
+            Err(said) => panic!("allow-vote on node {id}: {said}"),
+        }
     }
     for (id, launching) in coming_back {
         let node = launching.serving_async().await;

@@ -461,6 +461,13 @@ impl Cluster {
     /// `cairn cluster <args>` against node `id`'s real peer port; panics unless it
     /// succeeds, and returns what it printed.
     pub fn cli(&self, id: u64, args: &[&str]) -> String {
+        self.try_cli(id, args)
+            .unwrap_or_else(|stderr| panic!("cairn cluster {args:?}: {stderr}"))
+    }
+
+    /// `cairn cluster <args>` against node `id`: what it printed, or what it printed on
+    /// stderr when it failed.
+    pub fn try_cli(&self, id: u64, args: &[&str]) -> Result<String, String> {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
             .arg("cluster")
             .args(args)
@@ -469,12 +476,11 @@ impl Cluster {
             .args(["--cluster-secret", SECRET])
             .output()
             .expect("cairn cluster");
-        assert!(
-            output.status.success(),
-            "cairn cluster {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).expect("utf-8")
+        if output.status.success() {
+            Ok(String::from_utf8(output.stdout).expect("utf-8"))
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
     }
 
     /// Node `id`'s view of the cluster (UNAVAILABLE until its peer address is known).

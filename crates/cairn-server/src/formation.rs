@@ -116,13 +116,8 @@ async fn find_out(node: &NodeState, members: &BTreeMap<u64, String>) -> Found {
             if answers.contains_key(id) {
                 continue;
             }
-            let request = node.peers.cluster_request(pb::StatusRequest {});
-            let answer = match node.peers.cluster(&members[id]) {
-                Ok(mut client) => client.status(request).await,
-                Err(status) => Err(status),
-            };
-            if let Ok(status) = answer {
-                answers.insert(*id, status.into_inner().last_log_index);
+            if let Ok(status) = node.peers.status(&members[id]).await {
+                answers.insert(*id, status.last_log_index);
             }
         }
         match decide(&others, &answers) {

@@ -169,6 +169,13 @@ impl PeerClient {
         self.request(message, CLUSTER_CALL_TIMEOUT)
     }
 
+    /// The status of the node at `addr` (its log, role and view of the membership).
+    pub async fn status(&self, addr: &str) -> Result<pb::StatusResponse, Status> {
+        let request = self.cluster_request(pb::StatusRequest {});
+        let response = self.cluster(addr)?.status(request).await?;
+        Ok(response.into_inner())
+    }
+
     /// Runs `command` on the node at `addr`, which should be the leader: on the forwarding
     /// stream to it (see [`crate::forward`]), or with a call of its own when it serves none.
     pub async fn forward(&self, addr: &str, command: &Command) -> Result<ForwardReply, Status> {

@@ -275,17 +275,9 @@ async fn removed_from_cluster(node: &NodeState) -> bool {
     let Some(leader) = node.raft.leader() else {
         return false;
     };
-    let request = node
-        .peers
-        .cluster_request(cairn_proto::cairn_v1::StatusRequest {});
-    let answer = match node.peers.cluster(&leader.addr) {
-        Ok(mut client) => client.status(request).await,
-        Err(status) => Err(status),
-    };
-    match answer {
+    match node.peers.status(&leader.addr).await {
         Ok(status) => {
             let own = node.raft.node_id();
-            let status = status.into_inner();
             // Only the leader's own view counts: a node that lost leadership answers
             // with a membership that may be stale.
             status.role == "leader" && !status.members.iter().any(|m| m.node_id == own)

@@ -191,16 +191,11 @@ async fn boundary_runs_as_a_cluster() {
     for id in &acknowledged {
         assert_eq!(counts.get(id.as_str()), Some(&1), "acknowledged write {id}");
     }
-    for ordinal in 0..3 {
-        let ip = kubelet
-            .ip(&format!("{BOUNDARY}-{ordinal}"))
-            .await
-            .expect("runs");
-        let mut node = event_store(client_addr(ip), &credentials);
+    for id in 1..=3 {
         assert_eq!(
-            all_events(&mut node).await.len(),
+            events_on(&kubelet, &credentials, id).await,
             events.len(),
-            "node {ordinal}"
+            "node {id}"
         );
     }
     eprintln!(
@@ -238,10 +233,8 @@ async fn boundary_runs_as_a_cluster() {
         "on the same volume"
     );
     agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
-    let back_ip = kubelet.ip(&leader_pod).await.expect("runs again");
-    let mut back = event_store(client_addr(back_ip), &credentials);
     assert_eq!(
-        all_events(&mut back).await.len(),
+        events_on(&kubelet, &credentials, leader).await,
         events.len(),
         "the recreated node has every event"
     );
@@ -288,13 +281,8 @@ async fn boundary_runs_as_a_cluster() {
     agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
     active_with(&boundaries, &[1, 2, 3]).await;
     for id in 1..=3 {
-        let ip = kubelet
-            .ip(&build::pod_name(BOUNDARY, id))
-            .await
-            .expect("runs");
-        let mut node = event_store(client_addr(ip), &credentials);
         assert_eq!(
-            all_events(&mut node).await.len(),
+            events_on(&kubelet, &credentials, id).await,
             events.len(),
             "node {id} after node {wiped} lost its volume"
         );
@@ -416,6 +404,17 @@ async fn client_addresses(endpoints: &Api<Endpoints>) -> Vec<SocketAddr> {
     }
     addresses.sort();
     addresses
+}
+
+/// How many events the pod of node `id` serves.
+async fn events_on(kubelet: &Kubelet, credentials: &Credentials, id: u64) -> usize {
+    let ip = kubelet
+        .ip(&build::pod_name(BOUNDARY, id))
+        .await
+        .expect("the pod runs");
+    all_events(&mut event_store(client_addr(ip), credentials))
+        .await
+        .len()
 }
 
 fn client_addr(ip: Ipv4Addr) -> SocketAddr {

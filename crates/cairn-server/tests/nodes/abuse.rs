@@ -10,12 +10,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use cairn_proto::orisun as pb;
-use cairn_proto::orisun::admin_client::AdminClient;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
 use futures::StreamExt;
 use tonic::Code;
 
-use crate::support::{self, Node, admin, with_basic};
+use crate::support::{self, Node, admin, create_user, with_basic};
 
 /// Growth of the node's resident memory a flood of wrong passwords may cause.
 const FLOOD_RSS_GROWTH_LIMIT: u64 = 256 * 1024 * 1024;
@@ -29,18 +28,6 @@ fn proc_status_bytes(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
-}
-
-async fn create_user(node: &Node, username: &str, password: &str) {
-    AdminClient::new(node.channel().await)
-        .create_user(admin(pb::CreateUserRequest {
-            name: username.into(),
-            username: username.into(),
-            password: password.into(),
-            roles: vec!["OPERATIONS".into()],
-        }))
-        .await
-        .expect("create user");
 }
 
 fn spawn(data: &Path) -> Node {

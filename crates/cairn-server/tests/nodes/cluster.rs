@@ -448,15 +448,7 @@ async fn a_lagging_node_finds_a_boundary_and_a_user_created_elsewhere() {
     .await;
 
     cluster.cut(leader, lagging);
-    admin_on_leader
-        .create_user(admin(pb::CreateUserRequest {
-            name: "late".into(),
-            username: "late".into(),
-            password: "late-password".into(),
-            roles: vec!["OPERATIONS".into()],
-        }))
-        .await
-        .expect("create a user through the leader");
+    support::create_user(cluster.node(leader), "late", "late-password").await;
     until_answered(&cluster, "write as a user created elsewhere", || {
         write(
             &mut on_lagging,

@@ -263,3 +263,16 @@ pub fn metric(exposition: &str, name: &str) -> f64 {
         })
         .unwrap_or_else(|| panic!("no series {name}"))
 }
+
+/// Creates user `username` with role OPERATIONS through `node`, as the admin.
+pub async fn create_user(node: &Node, username: &str, password: &str) {
+    cairn_proto::orisun::admin_client::AdminClient::new(node.channel().await)
+        .create_user(admin(cairn_proto::orisun::CreateUserRequest {
+            name: username.into(),
+            username: username.into(),
+            password: password.into(),
+            roles: vec!["OPERATIONS".into()],
+        }))
+        .await
+        .expect("create user");
+}

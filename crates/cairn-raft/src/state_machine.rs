@@ -30,6 +30,8 @@ use crate::{RaftObserver, StorageError, TypeConfig};
 const CURRENT: &str = "current";
 /// Metadata file inside a snapshot checkpoint directory.
 const META_FILE: &str = "cairn-snapshot-meta.json";
+/// A snapshot being replaced, until its successor is in place.
+const RETIRED_PREFIX: &str = "retired-";
 
 /// What the store records as "applied" with every write, atomically with its effects.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -172,14 +174,70 @@ impl SnapshotDir {
         }
     }
 
-    /// Makes `staged` (a complete checkpoint with its meta file) the current snapshot.
+    /// Makes `staged` (a complete, synced checkpoint with its meta file) the current
+    /// snapshot. Power-safe: the old one is renamed aside, not removed, until the new one
+    /// is in place and the directory synced; a cut between the two renames leaves the old
+    /// one under a `retired-` name, which [`SnapshotDir::recover`] puts back.
     fn promote(&self, staged: &Path) -> Result<(), StorageError> {
         let current = self.current();
-        if current.exists() {
-            std::fs::remove_dir_all(&current).map_err(|e| snap_err(&e))?;
+        let retired = self.path.join(format!("{RETIRED_PREFIX}{}", unix_nanos()));
+        let had_current = current.exists();
+        if had_current {
+            std::fs::rename(&current, &retired).map_err(|e| snap_err(&e))?;
         }
         std::fs::rename(staged, &current).map_err(|e| snap_err(&e))?;
+        sync_dir(&self.path).map_err(|e| snap_err(&e))?;
+        if had_current && let Err(e) = std::fs::remove_dir_all(&retired) {
+            tracing::warn!(
+                "failed to remove the replaced snapshot {}: {e}",
+                retired.display()
+            );
+        }
         self.remove_matching(|name| name.ends_with(".pack"));
+        Ok(())
+    }
+
+    /// After a crash: a promotion cut short between its renames left no current snapshot
+    /// but the old one retired; put it back. A current snapshot whose meta cannot be read
+    /// (written by a version that did not sync it, then a power cut) is no snapshot: it is
+    /// removed, and the next one is built from the state machine, which holds the data.
+    fn recover(&self) -> Result<(), StoreError> {
+        let io = |context: String| move |e| StoreError::Io { context, source: e };
+        let current = self.current();
+        if current.exists()
+            && let Err(e) = SnapshotDir::read_meta(&current)
+        {
+            tracing::warn!(
+                "removing the current snapshot {}: its meta is unreadable ({e})",
+                current.display()
+            );
+            std::fs::remove_dir_all(&current)
+                .map_err(io(format!("failed to remove {}", current.display())))?;
+        }
+        if current.exists() {
+            return Ok(());
+        }
+        let entries = std::fs::read_dir(&self.path)
+            .map_err(io(format!("failed to list {}", self.path.display())))?;
+        let newest_retired = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(RETIRED_PREFIX))
+                    && matches!(SnapshotDir::read_meta(path), Ok(Some(_)))
+            })
+            .max();
+        if let Some(retired) = newest_retired {
+            tracing::warn!(
+                "restoring snapshot {} that an interrupted replacement left aside",
+                retired.display()
+            );
+            std::fs::rename(&retired, &current)
+                .map_err(io(format!("failed to restore {}", retired.display())))?;
+            sync_dir(&self.path)?;
+        }
         Ok(())
     }
 
@@ -216,7 +274,13 @@ pub const INSTALL_HEADROOM_BYTES: u64 = 64 << 20;
 /// restart that finds the install marker naming it finds it complete.
 fn stage(received: &mut std::fs::File, staged: &Path, meta: &[u8]) -> Result<(), StoreError> {
     unpack_into(received, staged, INSTALL_HEADROOM_BYTES)?;
-    let path = staged.join(META_FILE);
+    write_meta(staged, meta)
+}
+
+/// Writes a checkpoint's meta file, synced with its directory: a snapshot whose meta is
+/// there after a power cut is complete.
+fn write_meta(checkpoint: &Path, meta: &[u8]) -> Result<(), StoreError> {
+    let path = checkpoint.join(META_FILE);
     let io = |e| StoreError::Io {
         context: format!("failed to write {}", path.display()),
         source: e,
@@ -224,7 +288,7 @@ fn stage(received: &mut std::fs::File, staged: &Path, meta: &[u8]) -> Result<(),
     let mut file = std::fs::File::create(&path).map_err(io)?;
     std::io::Write::write_all(&mut file, meta).map_err(io)?;
     file.sync_all().map_err(io)?;
-    sync_dir(staged)
+    sync_dir(checkpoint)
 }
 
 /// The state machine openraft drives.
@@ -252,6 +316,7 @@ impl StateMachine {
             path: snapshot_dir,
             lock: Arc::new(Mutex::new(())),
         };
+        snapshots.recover()?;
         // A snapshot install the process did not live to finish left the state machine half
         // replaced: finish it from the same checkpoint before anything reads the state.
         if let Some(dir) = store.resume_install()? {
@@ -658,11 +723,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 last_membership: marker.membership,
                 snapshot_id,
             };
-            std::fs::write(
-                staged.join(META_FILE),
-                serde_json::to_vec_pretty(&meta).map_err(|e| snap_err(&e))?,
-            )
-            .map_err(|e| snap_err(&e))?;
+            let meta_bytes = serde_json::to_vec_pretty(&meta).map_err(|e| snap_err(&e))?;
+            write_meta(&staged, &meta_bytes).map_err(|e| snap_err(&e))?;
             let _guard = snapshots.guard();
             snapshots.promote(&staged)?;
             let manifest = std::fs::File::open(snapshots.current().join(META_FILE))
@@ -881,6 +943,67 @@ mod tests {
             "left behind: {left:?}"
         );
         assert!(store.with_catalog(|c| c.active_boundary("a").is_some()));
+    }
+
+    fn reopen(dir: &Path, store: &Store) -> StateMachine {
+        StateMachine::new(
+            store.clone(),
+            dir.join("snapshots"),
+            HeadWatch::default(),
+            Arc::new(crate::NoObserver),
+        )
+        .expect("the state machine reopens")
+    }
+
+    #[tokio::test]
+    async fn a_power_cut_between_the_renames_of_a_promotion_keeps_the_old_snapshot() {
+        let (dir, store, mut sm) = state_machine_with_boundary_a();
+        let built = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+        drop(sm);
+        // What the disk holds when the power fails after `current` was renamed aside and
+        // before the new snapshot took its place.
+        let snapshots = dir.path().join("snapshots");
+        std::fs::rename(snapshots.join(CURRENT), snapshots.join("retired-1")).expect("rename");
+        let mut sm = reopen(dir.path(), &store);
+        let current = sm.get_current_snapshot().await.expect("read");
+        assert_eq!(
+            current.map(|s| s.meta.snapshot_id),
+            Some(built.meta.snapshot_id)
+        );
+        assert!(!snapshots.join("retired-1").exists());
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_whose_meta_a_power_cut_emptied_is_dropped_and_built_again() {
+        let (dir, store, mut sm) = state_machine_with_boundary_a();
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+        drop(sm);
+        // An unsynced meta file after a power cut: there, and empty.
+        let meta = dir.path().join("snapshots").join(CURRENT).join(META_FILE);
+        std::fs::write(&meta, b"").expect("empty the meta");
+        let mut sm = reopen(dir.path(), &store);
+        assert!(sm.get_current_snapshot().await.expect("read").is_none());
+        let rebuilt = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+        let current = sm
+            .get_current_snapshot()
+            .await
+            .expect("read")
+            .expect("a snapshot");
+        assert_eq!(current.meta.snapshot_id, rebuilt.meta.snapshot_id);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

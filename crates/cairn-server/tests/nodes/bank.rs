@@ -9,6 +9,10 @@
 //! transfer is there exactly once, and every replica returns byte-identical events.
 //!
 //! The run lasts `CAIRN_BANK_SECS` seconds (default 45; the long run uses 600).
+//!
+//! Its power-cut variant (gated: it needs root and /dev/fuse) runs the nodes on power-cut
+//! disks (`cairn-powercut`) and adds two faults: one node's power cut (killed, its disk
+//! forgets every write and directory change it had not synced) and every node's at once.
 
 use crate::support;
 
@@ -226,6 +230,12 @@ struct Faults {
     pauses: usize,
     partitions: usize,
     wipes: usize,
+    power_cuts: usize,
+    /// Every node's power cut at once.
+    blackouts: usize,
+    /// What the cut disks forgot: unsynced bytes and directory changes.
+    bytes_lost: u64,
+    entries_undone: usize,
     /// Snapshots installed by the nodes (counted from their metrics before each kill and
     /// at the end).
     snapshot_installs: u64,
@@ -248,15 +258,35 @@ fn publish(cluster: &Cluster, endpoints: &Endpoints) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bank_transfers_conserve_money_under_kills_pauses_partitions_and_wipes() {
+    bank(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and /dev/fuse for the power-cut disks (run with the real-server suites)"]
+async fn bank_transfers_conserve_money_under_power_cuts_too() {
+    let faults = bank(true).await;
+    assert!(
+        faults.power_cuts > 0 && faults.blackouts > 0,
+        "the run was too short for both power faults: {faults:?}"
+    );
+    // A cut that forgets nothing tests nothing: the nodes must have had unsynced writes.
+    assert!(faults.bytes_lost > 0, "no cut lost a byte: {faults:?}");
+}
+
+/// Runs the bank for `CAIRN_BANK_SECS`, with power cuts among the faults if asked (the
+/// nodes then run on power-cut disks); returns the faults it injected.
+async fn bank(power_cuts: bool) -> Faults {
     let seconds: u64 = std::env::var("CAIRN_BANK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(45);
-    let mut cluster = Cluster::start(
-        3,
-        &["--snapshot-every-entries", "50", "--raft-log-kept", "10"],
-    )
-    .await;
+    let flags = ["--snapshot-every-entries", "50", "--raft-log-kept", "10"];
+    let mut cluster = if power_cuts {
+        Cluster::start_on_powercut_disks(3, &flags).await
+    } else {
+        Cluster::start(3, &flags).await
+    };
+    let kinds = if power_cuts { 7 } else { 5 };
     let leader = cluster.leader_among(&[1, 2, 3]).await;
     let mut es = EventStoreClient::new(cluster.node(leader).channel().await);
     for i in 0..ACCOUNTS {
@@ -304,7 +334,7 @@ async fn bank_transfers_conserve_money_under_kills_pauses_partitions_and_wipes()
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let ids = cluster.ids();
         let victim = *ids.choose(&mut rand::thread_rng()).expect("a node");
-        match round % 5 {
+        match round % kinds {
             0 => {
                 let leader = cluster.leader_among(&ids).await;
                 faults.snapshot_installs += snapshot_installs(&cluster, leader).await;
@@ -334,7 +364,7 @@ async fn bank_transfers_conserve_money_under_kills_pauses_partitions_and_wipes()
                 cluster.heal();
                 faults.partitions += 1;
             }
-            _ => {
+            4 => {
                 // The leader too: the other two elect one, and the wiped node must neither
                 // vote on the log it lost nor lose a write; it rejoins and is promoted.
                 faults.snapshot_installs += snapshot_installs(&cluster, victim).await;
@@ -344,6 +374,30 @@ async fn bank_transfers_conserve_money_under_kills_pauses_partitions_and_wipes()
                 cluster.restart(victim).await;
                 cluster.voting_everywhere(victim).await;
                 faults.wipes += 1;
+            }
+            5 => {
+                // Whatever it had acknowledged to its peers (a vote, appended entries) it
+                // had synced; what it loses is what nobody was promised.
+                faults.snapshot_installs += snapshot_installs(&cluster, victim).await;
+                let cut = cluster.power_cut(victim);
+                publish(&cluster, &endpoints);
+                faults.bytes_lost += cut.bytes_lost;
+                faults.entries_undone += cut.entries_undone;
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                cluster.restart(victim).await;
+                faults.power_cuts += 1;
+            }
+            _ => {
+                for id in cluster.ids() {
+                    faults.snapshot_installs += snapshot_installs(&cluster, id).await;
+                }
+                // Clients keep the old addresses until the nodes are back: refused calls,
+                // retried.
+                for cut in cluster.power_cut_everything().await {
+                    faults.bytes_lost += cut.bytes_lost;
+                    faults.entries_undone += cut.entries_undone;
+                }
+                faults.blackouts += 1;
             }
         }
         publish(&cluster, &endpoints);
@@ -419,4 +473,5 @@ async fn bank_transfers_conserve_money_under_kills_pauses_partitions_and_wipes()
         tally.acknowledged.len() >= 20,
         "too few transfers got through: {tally:?}"
     );
+    faults
 }

@@ -8,6 +8,10 @@
 //! partition as the nodes see it (Raft messages, forwarded writes and read indexes alike),
 //! with nothing in the product that knows about tests. Client calls go straight to each
 //! node's client port. Every wait is on a condition with a deadline.
+//!
+//! [`Cluster::start_on_powercut_disks`] puts each node's data on a disk of its own
+//! (`cairn-powercut`) whose power the test can cut: the node dies and the disk forgets
+//! what it had not synced.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -15,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cairn_powercut::{CutReport, Disk};
 use cairn_proto::cairn_v1 as cluster_pb;
 use cairn_proto::cairn_v1::cluster_client::ClusterClient;
 use tokio::net::{TcpListener, TcpStream};
@@ -174,16 +179,33 @@ pub struct Cluster {
     /// The `--initial-members` the cluster was formed with.
     initial: String,
     links: Arc<Links>,
+    /// Power-cut disks by member id, when the cluster runs on them. Declared after the
+    /// members so their processes are gone before the disks are unmounted, and before the
+    /// temp dir that holds the mount points.
+    disks: BTreeMap<u64, Disk>,
+    on_powercut_disks: bool,
     dir: tempfile::TempDir,
 }
 
 impl Cluster {
     /// Starts `n` nodes forming a new cluster and waits until every one serves.
     pub async fn start(n: u64, extra: &[&str]) -> Cluster {
+        Cluster::start_with(n, extra, false).await
+    }
+
+    /// As [`Cluster::start`], each node's data on a power-cut disk of its own (needs root
+    /// and /dev/fuse).
+    pub async fn start_on_powercut_disks(n: u64, extra: &[&str]) -> Cluster {
+        Cluster::start_with(n, extra, true).await
+    }
+
+    async fn start_with(n: u64, extra: &[&str], on_powercut_disks: bool) -> Cluster {
         let mut cluster = Cluster {
             members: BTreeMap::new(),
             initial: String::new(),
             links: Arc::default(),
+            disks: BTreeMap::new(),
+            on_powercut_disks,
             dir: tempfile::tempdir().expect("temp dir"),
         };
         for id in 1..=n {
@@ -244,12 +266,21 @@ impl Cluster {
             upstream.clone(),
             self.links.clone(),
         ));
+        let data_dir = if self.on_powercut_disks {
+            let mountpoint = self.dir.path().join(format!("disk-{id}"));
+            std::fs::create_dir(&mountpoint).expect("create a mount point");
+            let disk = Disk::mount(&mountpoint).expect("mount a power-cut disk");
+            self.disks.insert(id, disk);
+            mountpoint.join("data")
+        } else {
+            self.dir.path().join(format!("node-{id}"))
+        };
         let member = Member {
             id,
             advertise,
             node: None,
             upstream,
-            data_dir: self.dir.path().join(format!("node-{id}")),
+            data_dir,
             args: Vec::new(),
             proxy,
         };
@@ -283,11 +314,7 @@ impl Cluster {
     /// starts it again with `--join` to the member `via` (its old start arguments would
     /// have it claim a place it no longer has); returns once it serves.
     pub async fn rejoin_wiped(&mut self, id: u64, via: u64, extra: &[&str]) {
-        assert!(self.member(id).node.is_none(), "node {id} still runs");
-        let data_dir = &self.member(id).data_dir;
-        if data_dir.exists() {
-            std::fs::remove_dir_all(data_dir).expect("wipe the data directory");
-        }
+        self.wipe(id);
         self.start_joining(id, via, extra).await;
     }
 
@@ -389,6 +416,39 @@ impl Cluster {
         if data_dir.exists() {
             std::fs::remove_dir_all(data_dir).expect("wipe the data directory");
         }
+        // A replaced disk stays empty: a later power cut must not bring the old data back.
+        if let Some(disk) = self.disks.get(&id) {
+            std::fs::File::open(disk.path())
+                .and_then(|d| d.sync_all())
+                .expect("sync the wiped disk");
+        }
+    }
+
+    /// Cuts the power of node `id`: SIGKILL, and its disk forgets what it had not synced.
+    /// The node stays down. Needs [`Cluster::start_on_powercut_disks`].
+    pub fn power_cut(&mut self, id: u64) -> CutReport {
+        self.kill(id);
+        self.disks
+            .get(&id)
+            .expect("the cluster runs on power-cut disks")
+            .power_cut()
+    }
+
+    /// Cuts the power of every node at once (a rack or a data centre going dark), starts
+    /// them all again and returns, once each serves, what their disks lost.
+    pub async fn power_cut_everything(&mut self) -> Vec<CutReport> {
+        let ids = self.ids();
+        for &id in &ids {
+            self.kill(id);
+        }
+        let reports = ids.iter().map(|&id| self.power_cut(id)).collect();
+        let launching: Vec<(u64, Launching)> =
+            ids.iter().map(|&id| (id, self.launch(id))).collect();
+        for (id, launching) in launching {
+            let node = launching.serving_async().await;
+            self.member_mut(id).node = Some(node);
+        }
+        reports
     }
 
     /// Starts node `id` again without waiting for it to serve.

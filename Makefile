@@ -14,6 +14,8 @@ export CARGO_TARGET_DIR ?= target
 # dependencies (RocksDB, tonic, prost's runtime). The dependencies keep the release
 # settings (per-package overrides only: changing the profile's root or "*" values would
 # rebuild them, RocksDB included).
+# cairn-powercut (a test's FUSE disk) is left out on purpose: optimised, it keeps up with
+# three nodes' RocksDB traffic in the power-cut suites.
 WORKSPACE_CRATES := cairn-core cairn-store cairn-raft cairn-proto cairn-server cairn-bench cairn-operator cairn-client cairn-tests
 # Dependencies only the operator and the tests use (none is in the `cairn` binary, so
 # `make run`'s build stays shared): unoptimised, they compile in a fraction of the time,

@@ -117,6 +117,14 @@ impl Drop for Disk {
     }
 }
 
+/// Answers a request that returns nothing but success or an errno.
+fn answer(reply: ReplyEmpty, result: Result<(), model::Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
 fn lock(fs: &Mutex<Fs>) -> MutexGuard<'_, Fs> {
     fs.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -211,17 +219,11 @@ impl Filesystem for Adapter {
     }
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        match lock(&self.0).unlink(parent, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, lock(&self.0).unlink(parent, name));
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        match lock(&self.0).rmdir(parent, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, lock(&self.0).rmdir(parent, name));
     }
 
     fn rename(
@@ -234,10 +236,10 @@ impl Filesystem for Adapter {
         flags: u32,
         reply: ReplyEmpty,
     ) {
-        match lock(&self.0).rename(parent, name, newparent, newname, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(
+            reply,
+            lock(&self.0).rename(parent, name, newparent, newname, flags),
+        );
     }
 
     fn link(
@@ -348,10 +350,7 @@ impl Filesystem for Adapter {
     }
 
     fn fsync(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _data: bool, reply: ReplyEmpty) {
-        match lock(&self.0).fsync(ino) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, lock(&self.0).fsync(ino));
     }
 
     fn readdir(
@@ -377,10 +376,7 @@ impl Filesystem for Adapter {
     }
 
     fn fsyncdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _data: bool, reply: ReplyEmpty) {
-        match lock(&self.0).fsyncdir(ino) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, lock(&self.0).fsyncdir(ino));
     }
 
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
@@ -403,10 +399,7 @@ impl Filesystem for Adapter {
         let (Ok(offset), Ok(length)) = (u64::try_from(offset), u64::try_from(length)) else {
             return reply.error(libc::EINVAL);
         };
-        match lock(&self.0).fallocate(ino, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, lock(&self.0).fallocate(ino, offset, length, mode));
     }
 }
 

@@ -341,6 +341,37 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_HTTP_HEADER_READ_TIMEOUT_SECS", default_value_t = crate::listeners::defaults::HTTP_HEADER_READ_TIMEOUT_SECS)]
     pub http_header_read_timeout_secs: u64,
 
+    /// PEM certificate chain (leaf first) the client port serves: with --tls-key, the
+    /// client port speaks only TLS. Its SANs must name the addresses clients dial. Re-read
+    /// every --tls-reload-secs: a renewed file reaches new connections, open ones keep
+    /// theirs.
+    #[arg(long, env = "CAIRN_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "CAIRN_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates of client certificates: with it, the client port requires every
+    /// client to present a certificate that chains to one of them (mutual TLS). Users still
+    /// authenticate with a password or token on top.
+    #[arg(long, env = "CAIRN_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve the HTTP port (/metrics, probes) over TLS too, with --tls-cert's certificate
+    /// and no client certificate asked for. Off by default: Prometheus and kubelet probes
+    /// then need `scheme: https`.
+    #[arg(long, env = "CAIRN_HTTP_TLS", requires = "tls_cert")]
+    pub http_tls: bool,
+
+    /// Seconds between checks of the TLS files for a renewed certificate.
+    #[arg(long, env = "CAIRN_TLS_RELOAD_SECS", default_value_t = crate::tls::defaults::RELOAD_SECS)]
+    pub tls_reload_secs: u64,
+
+    /// Seconds a client has to complete its TLS handshake.
+    #[arg(long, env = "CAIRN_TLS_HANDSHAKE_TIMEOUT_SECS", default_value_t = crate::tls::defaults::HANDSHAKE_TIMEOUT_SECS)]
+    pub tls_handshake_timeout_secs: u64,
+
     /// Start even if the data directory is accessible to other users (it holds password
     /// hashes and the token-signing key). Without it, such a directory owned by this user
     /// is made private at start-up, and one owned by another user is refused.
@@ -429,6 +460,8 @@ pub struct ServeConfig {
     pub password_limits: crate::password::PasswordLimits,
     /// Connection and HTTP/2 limits of the ports.
     pub connection_limits: crate::listeners::ConnectionLimits,
+    /// TLS of the client (and optionally HTTP) port; `None`: plaintext.
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 /// How a clustered node finds its group.
@@ -668,6 +701,11 @@ impl ServeArgs {
                 "--http-header-read-timeout-secs",
                 self.http_header_read_timeout_secs as usize,
             ),
+            ("--tls-reload-secs", self.tls_reload_secs as usize),
+            (
+                "--tls-handshake-timeout-secs",
+                self.tls_handshake_timeout_secs as usize,
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError(format!("{flag} must be ≥ 1")));
@@ -681,6 +719,22 @@ impl ServeArgs {
             keepalive_interval: Duration::from_secs(self.keepalive_interval_secs),
             keepalive_timeout: Duration::from_secs(self.keepalive_timeout_secs),
             http_header_read_timeout: Duration::from_secs(self.http_header_read_timeout_secs),
+        };
+        let tls = match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::tls::TlsConfig {
+                files: crate::tls::TlsFiles {
+                    cert,
+                    key,
+                    client_ca: self.tls_client_ca,
+                },
+                http: self.http_tls,
+                reload_interval: Duration::from_secs(self.tls_reload_secs),
+                handshake_timeout: Duration::from_secs(self.tls_handshake_timeout_secs),
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError("--tls-cert and --tls-key go together".into()));
+            }
         };
         Ok(ServeConfig {
             data_dir: self.data_dir,
@@ -717,6 +771,7 @@ impl ServeArgs {
             lease_renew: Duration::from_secs(defaults::LEASE_RENEW_SECS),
             password_limits,
             connection_limits,
+            tls,
         })
     }
 }
@@ -912,6 +967,7 @@ impl ServeConfig {
             lease_renew: Duration::from_secs(defaults::LEASE_RENEW_SECS),
             password_limits: crate::password::PasswordLimits::for_this_machine(),
             connection_limits: crate::listeners::ConnectionLimits::default(),
+            tls: None,
         }
     }
 }
@@ -994,6 +1050,38 @@ mod tests {
         assert!(parse(&["--snapshot-every-entries", "0"]).is_err());
         assert!(parse(&["--memtable-mb", "0"]).is_err());
         assert!(parse(&["--memtable-mb", "4097"]).is_err());
+    }
+
+    #[test]
+    fn tls_needs_a_certificate_and_its_key() {
+        assert!(parse(&[]).expect("defaults").tls.is_none());
+        for partial in [
+            &["--tls-cert", "c.pem"][..],
+            &["--tls-key", "k.pem"],
+            &["--tls-client-ca", "ca.pem"],
+            &["--http-tls"],
+        ] {
+            assert!(parse(partial).is_err(), "{partial:?} alone");
+        }
+        let c = parse(&["--tls-cert", "c.pem", "--tls-key", "k.pem", "--http-tls"])
+            .expect("a pair is enough");
+        let tls = c.tls.expect("TLS on");
+        assert_eq!(tls.files.cert, PathBuf::from("c.pem"));
+        assert_eq!(tls.files.client_ca, None);
+        assert!(tls.http);
+        assert_eq!(
+            tls.reload_interval,
+            Duration::from_secs(crate::tls::defaults::RELOAD_SECS)
+        );
+        let zero = [
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--tls-reload-secs",
+            "0",
+        ];
+        assert!(parse(&zero).is_err());
     }
 
     const SECRET: &str = "0123456789abcdef";

@@ -117,8 +117,8 @@ where
             tracing::Span::current().record("node_id", node.raft.node_id());
             let addr = req
                 .extensions()
-                .get::<tonic::transport::server::TcpConnectInfo>()
-                .and_then(|info| info.remote_addr())
+                .get::<crate::listeners::ConnectionInfo>()
+                .and_then(|info| info.remote_addr)
                 .map(|a| a.ip());
             let mut authenticated = node.auth.authenticate(req.headers(), addr).await;
             if let Err((_, failure)) = &authenticated

@@ -24,6 +24,7 @@ pub mod rpc;
 pub mod server;
 pub mod state;
 pub mod subscription;
+pub mod tls;
 
 pub use config::{Cli, ServeArgs, ServeConfig};
 pub use server::{RunningServer, ServerError, start, start_on};

@@ -6,7 +6,8 @@
 //! (beyond it a connection is accepted and closed at once, so the client fails fast instead
 //! of hanging in the kernel's backlog), accept errors (EMFILE) pause the loop instead of
 //! spinning it, gRPC connections get a stream cap, the reset-flood guard and keepalive
-//! pings, and the HTTP port a header read timeout.
+//! pings, and the HTTP port a header read timeout. A port with TLS runs each handshake in
+//! a task of its own, bounded by a timeout, holding the connection's slot.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -15,13 +16,18 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
+use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::tls::TlsPort;
+
 /// Pause after a failed accept (out of file descriptors, most often) before the next.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// Connections whose handshake completed and that the server has yet to take.
+const HANDSHAKES_QUEUED: usize = 64;
 /// Streams a client may have reset by the server (refused, malformed) on one connection
 /// before it gets GOAWAY (ENHANCE_YOUR_CALM): hyper's own default, which tonic turns off.
 pub const MAX_LOCAL_ERROR_RESETS: usize = 1024;
@@ -93,10 +99,35 @@ pub fn grpc_server(limits: &ConnectionLimits) -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
 }
 
+/// What a connection carries: bytes as they come, or TLS.
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// What a request learns of its connection (in its extensions, for the gRPC ports).
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    /// The client's address.
+    pub remote_addr: Option<SocketAddr>,
+    /// The certificate chain the client presented (mutual TLS), leaf first.
+    pub client_certificates: Option<Arc<Vec<CertificateDer<'static>>>>,
+}
+
 /// An accepted connection holding one of its port's connection slots until it closes.
 pub struct Connection {
-    stream: TcpStream,
+    transport: Transport,
+    info: ConnectionInfo,
     _slot: OwnedSemaphorePermit,
+}
+
+macro_rules! on_transport {
+    ($self:ident, $stream:ident => $body:expr) => {
+        match &mut $self.transport {
+            Transport::Plain($stream) => $body,
+            Transport::Tls($stream) => $body,
+        }
+    };
 }
 
 impl AsyncRead for Connection {
@@ -105,7 +136,7 @@ impl AsyncRead for Connection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        on_transport!(self, stream => Pin::new(stream).poll_read(cx, buf))
     }
 }
 
@@ -115,15 +146,15 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        on_transport!(self, stream => Pin::new(stream).poll_write(cx, buf))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        on_transport!(self, stream => Pin::new(stream).poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        on_transport!(self, stream => Pin::new(stream).poll_shutdown(cx))
     }
 
     fn poll_write_vectored(
@@ -131,19 +162,84 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        on_transport!(self, stream => Pin::new(stream).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        match &self.transport {
+            Transport::Plain(stream) => stream.is_write_vectored(),
+            Transport::Tls(stream) => stream.is_write_vectored(),
+        }
     }
 }
 
 impl tonic::transport::server::Connected for Connection {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        self.info.clone()
+    }
+}
+
+/// A connection accepted on a TLS port whose handshake has yet to happen.
+pub struct Handshake {
+    stream: TcpStream,
+    addr: SocketAddr,
+    slot: OwnedSemaphorePermit,
+    acceptor: tokio_rustls::TlsAcceptor,
+    timeout: Duration,
+    kind: &'static str,
+    failures: Option<prometheus::IntCounter>,
+}
+
+impl Handshake {
+    /// Runs the handshake; `None` (logged, counted) when it fails or times out.
+    pub async fn complete(self) -> Option<Connection> {
+        let failed = |why: String| {
+            if let Some(failures) = &self.failures {
+                failures.inc();
+            }
+            // Scanners and plaintext clients are routine on an open port: not a warning.
+            tracing::debug!(addr = %self.addr, "TLS handshake on the {} port failed: {why}", self.kind);
+            None
+        };
+        let stream =
+            match tokio::time::timeout(self.timeout, self.acceptor.accept(self.stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return failed(e.to_string()),
+                Err(_) => return failed(format!("no handshake within {:?}", self.timeout)),
+            };
+        let client_certificates = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|chain| Arc::new(chain.iter().map(|c| c.clone().into_owned()).collect()));
+        Some(Connection {
+            transport: Transport::Tls(Box::new(stream)),
+            info: ConnectionInfo {
+                remote_addr: Some(self.addr),
+                client_certificates,
+            },
+            _slot: self.slot,
+        })
+    }
+}
+
+/// An accepted connection: ready, or waiting for its TLS handshake.
+pub enum Accepted {
+    /// A plaintext connection.
+    Ready(Connection),
+    /// A TLS connection before its handshake.
+    Handshake(Box<Handshake>),
+}
+
+impl Accepted {
+    /// The connection, after its handshake if it needs one.
+    pub async fn establish(self) -> Option<Connection> {
+        match self {
+            Accepted::Ready(connection) => Some(connection),
+            Accepted::Handshake(handshake) => handshake.complete().await,
+        }
     }
 }
 
@@ -153,6 +249,7 @@ pub struct Acceptor {
     kind: &'static str,
     slots: Arc<Semaphore>,
     refused: Option<prometheus::IntCounter>,
+    tls: Option<(TlsPort, Option<prometheus::IntCounter>)>,
 }
 
 impl Acceptor {
@@ -169,12 +266,19 @@ impl Acceptor {
             kind,
             slots: Arc::new(Semaphore::new(max)),
             refused,
+            tls: None,
         }
     }
 
+    /// Speaks only TLS from now on; `failures` counts failed handshakes.
+    pub fn with_tls(mut self, tls: TlsPort, failures: Option<prometheus::IntCounter>) -> Self {
+        self.tls = Some((tls, failures));
+        self
+    }
+
     /// The next connection with a free slot. Never fails: accept errors are logged and
-    /// retried after a pause, connections beyond the cap are closed.
-    pub async fn accept(&mut self) -> (Connection, SocketAddr) {
+    /// retried after a pause, connections beyond the cap are closed. Cancel-safe.
+    pub async fn accept(&mut self) -> Accepted {
         loop {
             let (stream, addr) = match self.listener.accept().await {
                 Ok(accepted) => accepted,
@@ -203,22 +307,60 @@ impl Acceptor {
                     self.kind
                 );
             }
-            return (
-                Connection {
-                    stream,
+            return match &mut self.tls {
+                None => Accepted::Ready(Connection {
+                    transport: Transport::Plain(stream),
+                    info: ConnectionInfo {
+                        remote_addr: Some(addr),
+                        client_certificates: None,
+                    },
                     _slot: slot,
-                },
-                addr,
-            );
+                }),
+                Some((tls, failures)) => Accepted::Handshake(Box::new(Handshake {
+                    stream,
+                    addr,
+                    slot,
+                    acceptor: tls.acceptor(),
+                    timeout: tls.handshake_timeout,
+                    kind: self.kind,
+                    failures: failures.clone(),
+                })),
+            };
         }
     }
 
-    /// The connections as a stream, for tonic's `serve_with_incoming`.
+    /// The connections as a stream, for tonic's `serve_with_incoming`. Handshakes run in
+    /// tasks of their own, so a client that stalls in one holds up nobody else; the
+    /// listener closes when the stream is dropped.
     pub fn into_stream(self) -> impl Stream<Item = std::io::Result<Connection>> + Send + 'static {
-        futures::stream::unfold(self, |mut acceptor| async move {
-            let (connection, _) = acceptor.accept().await;
-            Some((Ok(connection), acceptor))
-        })
+        let (done_tx, done_rx) = tokio::sync::mpsc::channel::<Connection>(HANDSHAKES_QUEUED);
+        futures::stream::unfold(
+            (self, done_tx, done_rx),
+            |(mut acceptor, done_tx, mut done_rx)| async move {
+                loop {
+                    tokio::select! {
+                        Some(connection) = done_rx.recv() => {
+                            return Some((Ok(connection), (acceptor, done_tx, done_rx)));
+                        }
+                        accepted = acceptor.accept() => match accepted {
+                            Accepted::Ready(connection) => {
+                                return Some((Ok(connection), (acceptor, done_tx, done_rx)));
+                            }
+                            Accepted::Handshake(handshake) => {
+                                let done_tx = done_tx.clone();
+                                tokio::spawn(async move {
+                                    if let Some(connection) = handshake.complete().await {
+                                        // Fails only when the server stopped: the
+                                        // connection closes.
+                                        let _ = done_tx.send(connection).await;
+                                    }
+                                });
+                            }
+                        },
+                    }
+                }
+            },
+        )
     }
 }
 
@@ -231,13 +373,16 @@ pub async fn serve_http(
 ) {
     let connections = tokio_util::task::TaskTracker::new();
     loop {
-        let connection = tokio::select! {
+        let accepted = tokio::select! {
             _ = stop.cancelled() => break,
-            (connection, _) = acceptor.accept() => connection,
+            accepted = acceptor.accept() => accepted,
         };
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
         let stop = stop.clone();
         connections.spawn(async move {
+            let Some(connection) = accepted.establish().await else {
+                return;
+            };
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(hyper_util::rt::TokioTimer::new())

@@ -31,6 +31,12 @@ pub struct Metrics {
     pub request_panics: IntCounter,
     /// Connections closed at once because their port was at its connection limit.
     pub connections_refused: IntCounterVec,
+    /// TLS handshakes that failed or timed out, by port.
+    pub tls_handshake_failures: IntCounterVec,
+    /// Expiry of the loaded TLS certificates (Unix seconds), by certificate.
+    pub tls_certificate_expiry: IntGaugeVec,
+    /// Reloads of changed TLS files, by result.
+    pub tls_reloads: IntCounterVec,
     /// Open subscriptions.
     pub subscriptions_active: IntGauge,
     /// Events delivered to subscribers.
@@ -171,6 +177,27 @@ impl Metrics {
                     "Connections closed on accept because their port (client, peer, http) was at its connection limit"
                 ),
                 &["port"]
+            )?),
+            tls_handshake_failures: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_tls_handshake_failures_total",
+                    "TLS handshakes that failed or timed out (plaintext clients, unknown CAs, missing client certificates), by port"
+                ),
+                &["port"]
+            )?),
+            tls_certificate_expiry: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "cairn_tls_certificate_expiry_timestamp_seconds",
+                    "When the loaded TLS certificate expires (Unix seconds): serving (--tls-cert's leaf) or client_ca (the first of --tls-client-ca's to expire)"
+                ),
+                &["certificate"]
+            )?),
+            tls_reloads: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_tls_reloads_total",
+                    "Changed TLS files: loaded (new connections get them) or failed (unusable, the previous ones kept)"
+                ),
+                &["result"]
             )?),
             subscriptions_active: reg!(IntGauge::new(
                 "cairn_subscriptions_active",

@@ -35,6 +35,7 @@ use crate::peer::{
     ClusterService, MAX_PEER_MESSAGE_BYTES, PeerClient, PeerReady, RaftService, SecretCheck,
 };
 use crate::state::{NodeState, Ready};
+use crate::tls::TlsPort;
 
 /// Time peers get to close their connections to a stopping node.
 const PEER_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -77,6 +78,9 @@ pub enum ServerError {
     /// The password-check threads could not be started.
     #[error("failed to start the password-check threads: {0}")]
     Threads(std::io::Error),
+    /// The TLS files cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// A server task panicked.
     #[error("server task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -253,6 +257,38 @@ fn spawn_peer_server(
     PeerServer { stop, task }
 }
 
+/// The client-facing ports' TLS, loaded and watched for renewals.
+struct ClientTls {
+    material: tokio::sync::watch::Receiver<Arc<crate::tls::Material>>,
+    http: bool,
+    handshake_timeout: std::time::Duration,
+}
+
+/// Loads the TLS files (a start-up error when they cannot be used) and starts their reloader.
+fn client_tls(
+    config: Option<&crate::tls::TlsConfig>,
+    metrics: &Metrics,
+) -> Result<Option<ClientTls>, crate::tls::TlsError> {
+    let Some(config) = config else {
+        return Ok(None);
+    };
+    let material = crate::tls::Material::load(&config.files)?;
+    let material = crate::tls::spawn_reloader(
+        config.files.clone(),
+        material,
+        config.reload_interval,
+        crate::tls::TlsMetrics {
+            expiry: metrics.tls_certificate_expiry.clone(),
+            reloads: metrics.tls_reloads.clone(),
+        },
+    );
+    Ok(Some(ClientTls {
+        material,
+        http: config.http,
+        handshake_timeout: config.handshake_timeout,
+    }))
+}
+
 /// Starts a node on already-bound listeners (the configured addresses are ignored) and
 /// returns once it serves. Clients may connect as soon as this is called: until storage
 /// and Raft are up, health reports NOT_SERVING and other calls UNAVAILABLE.
@@ -329,13 +365,38 @@ async fn serve_on(
         .send_compressed(CompressionEncoding::Gzip);
 
     let limits = config.connection_limits;
+    let tls = client_tls(config.tls.as_ref(), &metrics)?;
     let grpc_stop = CancellationToken::new();
-    let client_acceptor = Acceptor::new(
+    let mut client_acceptor = Acceptor::new(
         grpc_listener,
         "client",
         limits.max_connections,
         Some(metrics.connections_refused.with_label_values(&["client"])),
     );
+    if let Some(tls) = &tls {
+        client_acceptor = client_acceptor.with_tls(
+            TlsPort::new(
+                tls.material.clone(),
+                crate::tls::ALPN_GRPC,
+                true,
+                tls.handshake_timeout,
+            )?,
+            Some(
+                metrics
+                    .tls_handshake_failures
+                    .with_label_values(&["client"]),
+            ),
+        );
+    }
+    let http_tls = match &tls {
+        Some(tls) if tls.http => Some(TlsPort::new(
+            tls.material.clone(),
+            crate::tls::ALPN_HTTP,
+            false,
+            tls.handshake_timeout,
+        )?),
+        _ => None,
+    };
     let grpc_task = tokio::spawn(
         grpc_server(&limits)
             .layer(GrpcLayer::new(ready.clone(), metrics.clone()))
@@ -356,12 +417,18 @@ async fn serve_on(
         metrics: metrics.clone(),
         serving: serving.clone(),
     };
-    let http_acceptor = Acceptor::new(
+    let mut http_acceptor = Acceptor::new(
         http_listener,
         "HTTP",
         limits.max_http_connections,
         Some(metrics.connections_refused.with_label_values(&["http"])),
     );
+    if let Some(port) = http_tls {
+        http_acceptor = http_acceptor.with_tls(
+            port,
+            Some(metrics.tls_handshake_failures.with_label_values(&["http"])),
+        );
+    }
     let http_task = tokio::spawn(serve_http(
         http_acceptor,
         router(http_state),

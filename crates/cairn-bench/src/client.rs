@@ -1,7 +1,7 @@
 //! Connections with credentials: one Basic login per connection, then the session token the
 //! server returned (`x-auth-token`), so the benchmark measures requests, not password hashing.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
@@ -13,7 +13,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 #[cfg(feature = "tls")]
-use tonic::transport::{Certificate, ClientTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::direct::DirectChannel;
@@ -27,10 +27,55 @@ pub struct ConnectOptions {
     pub user: String,
     /// Password.
     pub password: String,
-    /// CA certificate for TLS.
-    pub ca_cert: Option<PathBuf>,
+    /// TLS material for https:// endpoints.
+    pub tls: TlsFiles,
     /// How scenario requests reach the server.
     pub transport: Transport,
+}
+
+/// PEM contents of the TLS files, read once.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles {
+    /// CA that signed the servers' certificates (default: the system's roots).
+    pub ca: Option<Vec<u8>>,
+    /// Client certificate chain and its key, for servers that require one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TlsFiles {
+    /// Reads the given files, naming the one that cannot be read.
+    pub fn read(ca: Option<&Path>, identity: Option<(&Path, &Path)>) -> anyhow::Result<TlsFiles> {
+        let read = |path: &Path| {
+            std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))
+        };
+        Ok(TlsFiles {
+            ca: ca.map(read).transpose()?,
+            identity: match identity {
+                Some((cert, key)) => Some((read(cert)?, read(key)?)),
+                None => None,
+            },
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.identity.is_none()
+    }
+}
+
+impl ConnectOptions {
+    /// TLS is chosen by the endpoint's scheme; TLS files with an http:// endpoint are a
+    /// mistake to report, not a reason to send the password in clear.
+    pub fn check_schemes(&self) -> anyhow::Result<()> {
+        if self.tls.is_empty() {
+            return Ok(());
+        }
+        match self.endpoints.iter().find(|e| !e.starts_with("https://")) {
+            Some(plain) => {
+                anyhow::bail!("TLS files were given, but {plain} is not an https:// endpoint")
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 /// How scenario requests reach the server (setup and admin calls always use tonic).
@@ -139,20 +184,19 @@ impl Calls {
     }
 }
 
-fn needs_tls(options: &ConnectOptions, endpoint: &str) -> bool {
-    options.ca_cert.is_some() || endpoint.starts_with("https://")
+fn needs_tls(endpoint: &str) -> bool {
+    endpoint.starts_with("https://")
 }
 
 #[cfg(feature = "tls")]
 fn tls(ep: Endpoint, options: &ConnectOptions) -> anyhow::Result<Endpoint> {
-    let config = match &options.ca_cert {
-        Some(ca) => {
-            let pem =
-                std::fs::read(ca).with_context(|| format!("failed to read {}", ca.display()))?;
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))
-        }
+    let mut config = match &options.tls.ca {
+        Some(pem) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
         None => ClientTlsConfig::new().with_native_roots(),
     };
+    if let Some((cert, key)) = &options.tls.identity {
+        config = config.identity(Identity::from_pem(cert, key));
+    }
     Ok(ep.tls_config(config)?)
 }
 
@@ -169,7 +213,7 @@ async fn channel(options: &ConnectOptions, endpoint: &str) -> anyhow::Result<Cha
     let mut ep = Endpoint::from_shared(endpoint.to_string())
         .with_context(|| format!("invalid endpoint {endpoint:?}"))?
         .tcp_nodelay(true);
-    if needs_tls(options, endpoint) {
+    if needs_tls(endpoint) {
         ep = tls(ep, options)?;
     }
     // A server that was just started may not listen yet: retry briefly.
@@ -220,7 +264,7 @@ impl Connection {
             }
         };
         auth.adopt_token(pong.metadata());
-        let calls = match (options.transport, needs_tls(options, endpoint)) {
+        let calls = match (options.transport, needs_tls(endpoint)) {
             (Transport::Direct, true) => {
                 anyhow::bail!("--transport direct speaks plaintext only; {endpoint} needs TLS")
             }

@@ -55,10 +55,19 @@ struct Args {
     #[arg(long, env = "CAIRN_BENCH_PASSWORD", default_value = defaults::PASSWORD, hide_env_values = true)]
     password: String,
 
-    /// PEM file of the CA that signed the servers' certificates (implies TLS; https://
-    /// endpoints use the system roots otherwise). TLS needs a build with `--features tls`.
-    #[arg(long, env = "CAIRN_BENCH_CA_CERT")]
-    ca_cert: Option<PathBuf>,
+    /// PEM file of the CA that signed the servers' certificates, for https:// endpoints
+    /// (default: the system's roots).
+    #[arg(long, alias = "ca-cert", env = "CAIRN_BENCH_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+
+    /// PEM certificate chain to present to servers that require client certificates
+    /// (`cairn serve --tls-client-ca`); needs --tls-key.
+    #[arg(long, env = "CAIRN_BENCH_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "CAIRN_BENCH_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 
     /// Boundary to benchmark (created if missing).
     #[arg(long, env = "CAIRN_BENCH_BOUNDARY", default_value = defaults::BOUNDARY)]
@@ -141,9 +150,13 @@ async fn main() -> anyhow::Result<()> {
         endpoints: args.endpoints.clone(),
         user: args.user.clone(),
         password: args.password.clone(),
-        ca_cert: args.ca_cert.clone(),
+        tls: client::TlsFiles::read(
+            args.tls_ca.as_deref(),
+            args.tls_cert.as_deref().zip(args.tls_key.as_deref()),
+        )?,
         transport: args.transport,
     };
+    connect.check_schemes()?;
     let admin = Connection::open(&connect, 0)
         .await
         .context("failed to connect")?;

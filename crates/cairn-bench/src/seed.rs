@@ -135,9 +135,11 @@ fn seed_client(connect: &ConnectOptions, w: usize) -> anyhow::Result<Client> {
     let mut config = ClientConfig::new(endpoints)
         .in_order()
         .credentials(connect.user.clone(), connect.password.clone());
-    if let Some(ca) = &connect.ca_cert {
-        let pem = std::fs::read(ca).with_context(|| format!("failed to read {}", ca.display()))?;
-        config = config.tls_ca_certificate(pem);
+    if let Some(ca) = &connect.tls.ca {
+        config = config.tls_ca_certificate(ca.clone());
+    }
+    if let Some((cert, key)) = &connect.tls.identity {
+        config = config.tls_client_identity(cert.clone(), key.clone());
     }
     Ok(Client::new(config)?)
 }

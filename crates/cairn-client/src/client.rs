@@ -75,19 +75,29 @@ fn endpoint(config: &ClientConfig, uri: &str) -> Result<Endpoint, Error> {
         .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(config.connect_timeout)
         .keep_alive_while_idle(true);
-    if uri.starts_with("https://") || config.tls_ca_pem.is_some() {
+    if uri.starts_with("https://") {
         return tls(endpoint, config, uri);
+    }
+    // tonic would quietly speak plaintext to an http:// endpoint despite a CA: a client that
+    // was told to verify a server must not send it credentials in clear.
+    if config.tls_ca_pem.is_some() || config.tls_identity.is_some() {
+        return Err(Error::Config(format!(
+            "TLS settings were given, but {uri} is not an https:// endpoint"
+        )));
     }
     Ok(endpoint)
 }
 
 #[cfg(feature = "tls")]
 fn tls(endpoint: Endpoint, config: &ClientConfig, uri: &str) -> Result<Endpoint, Error> {
-    use tonic::transport::{Certificate, ClientTlsConfig};
-    let tls = match &config.tls_ca_pem {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut tls = match &config.tls_ca_pem {
         Some(pem) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
         None => ClientTlsConfig::new().with_native_roots(),
     };
+    if let Some((cert, key)) = &config.tls_identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
     endpoint
         .tls_config(tls)
         .map_err(|e| Error::Config(format!("TLS for {uri}: {e}")))

@@ -32,6 +32,8 @@ pub struct ClientConfig {
     pub(crate) endpoints: Vec<String>,
     pub(crate) credentials: Option<(String, String)>,
     pub(crate) tls_ca_pem: Option<Vec<u8>>,
+    /// Client certificate chain and private key (PEM), for servers that ask for one.
+    pub(crate) tls_identity: Option<(Vec<u8>, Vec<u8>)>,
     pub(crate) connect_timeout: Duration,
     pub(crate) request_timeout: Duration,
     pub(crate) read_attempts: u32,
@@ -43,7 +45,7 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// Servers to use, e.g. `http://127.0.0.1:5005` (`https://` needs the `tls` feature).
+    /// Servers to use, e.g. `http://127.0.0.1:5005`, or `https://…` for TLS.
     /// Every node of a Cairn cluster accepts every call; the client starts on a random one
     /// and moves to the next when one cannot be reached.
     pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> ClientConfig {
@@ -51,6 +53,7 @@ impl ClientConfig {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             credentials: None,
             tls_ca_pem: None,
+            tls_identity: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             read_attempts: DEFAULT_READ_ATTEMPTS,
@@ -70,9 +73,21 @@ impl ClientConfig {
     }
 
     /// Trusts the CA certificate `pem` for `https://` endpoints (default: the system's
-    /// roots). Needs the `tls` feature.
+    /// roots). Needs the `tls` feature (on by default).
     pub fn tls_ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Presents this certificate chain and private key (both PEM) to servers that require
+    /// client certificates (`cairn serve --tls-client-ca`). The certificate authenticates
+    /// the connection only: calls still log in with [`ClientConfig::credentials`].
+    pub fn tls_client_identity(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls_identity = Some((certificate_pem.into(), key_pem.into()));
         self
     }
 

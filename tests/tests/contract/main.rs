@@ -18,3 +18,4 @@ mod observability;
 mod positions;
 mod reads;
 mod subscriptions;
+mod tls;

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities as LinuxCapabilities, ConfigMap, ConfigMapEnvSource, Container,
     ContainerPort, EnvFromSource, EnvVar, EnvVarSource, GRPCAction, HTTPGetAction,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret,
+    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret,
     SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
     Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
@@ -521,8 +521,15 @@ fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities, pods: i32) ->
             run_as_group: Some(RUN_AS),
             fs_group: Some(RUN_AS),
             run_as_non_root: Some(true),
+            // The container runtime's default filter: what PSS "restricted" requires.
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
             ..PodSecurityContext::default()
         }),
+        // A node never talks to the Kubernetes API: a mounted token could only leak.
+        automount_service_account_token: Some(false),
         affinity: Some(
             valid
                 .placement
@@ -908,6 +915,12 @@ mod tests {
         let security = c.security_context.as_ref().expect("security context");
         assert_eq!(security.run_as_non_root, Some(true));
         assert_eq!(security.read_only_root_filesystem, Some(true));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(
+            crate::pod_security::restricted_violations(pod),
+            Vec::<String>::new(),
+            "data pods must pass the restricted Pod Security Standard"
+        );
         let anti = pod
             .affinity
             .as_ref()

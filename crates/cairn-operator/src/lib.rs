@@ -16,6 +16,7 @@ pub mod crd;
 pub mod leader;
 pub mod membership;
 pub mod metrics;
+pub mod pod_security;
 pub mod reference;
 pub mod serve;
 pub mod status;

@@ -124,6 +124,11 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
         pod.containers[0].args.as_deref(),
         Some(&["run".to_string()][..])
     );
+    assert_eq!(
+        cairn_operator::pod_security::restricted_violations(&pod),
+        Vec::<String>::new(),
+        "the operator's pod, as the API server stored it, must pass PSS restricted"
+    );
 
     // RBAC, as the API server decides it for the chart's ServiceAccount.
     for (verb, resource) in NEEDED {
@@ -232,7 +237,17 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
     })
     .await;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
-    assert!(sets.get_opt("orders").await.expect("read").is_some());
+    let set = sets
+        .get_opt("orders")
+        .await
+        .expect("read")
+        .expect("the operator made the StatefulSet");
+    let data_pod = set.spec.expect("spec").template.spec.expect("pod");
+    assert_eq!(
+        cairn_operator::pod_security::restricted_violations(&data_pod),
+        Vec::<String>::new(),
+        "data pods, as the API server stored them, must pass PSS restricted"
+    );
     delete_and_wait(&boundaries, "orders").await;
     let metrics = http_get(http, "/metrics").await;
     assert!(metrics.contains("cairn_operator_leader 1"), "{metrics}");

@@ -3,7 +3,7 @@
 # over TLS, back to back, in both orders (plain, tls, tls, plain), on a single node and on
 # a three-node cluster (clients spread over every node; the peer port stays plaintext).
 # Both transports use tonic's client (`--transport tonic`), so only the TLS layer differs.
-# Each run starts fresh and seeds the boundary. Certificates come from openssl, made here.
+# Each run starts fresh and seeds the boundary. Certificates: scripts/dev-certs.sh.
 # Results: $OUT (default bench-results/tls-<timestamp>/), JSON per run and summary.txt,
 # which ends with the TLS ÷ plaintext ratios.
 #
@@ -35,13 +35,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
 pki=$(mktemp -d /var/tmp/cairn-bench-pki.XXXXXX)
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj "/CN=cairn bench CA" -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=127.0.0.1" \
-  -keyout "$pki/node.key" -out "$pki/node.csr" 2>/dev/null
-printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$pki/san.ext"
-openssl x509 -req -in "$pki/node.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
-  -CAcreateserial -days 2 -extfile "$pki/san.ext" -out "$pki/node.crt" 2>/dev/null
+scripts/dev-certs.sh "$pki"
 
 pids=()
 work=""

@@ -8,15 +8,19 @@
 # Data and logs go to $CAIRN_CLUSTER_DIR (default ./cluster-data): node-N/ and node-N.log.
 # The cluster secret is generated once into $CAIRN_CLUSTER_DIR/secret. Ctrl-C stops every
 # node (SIGTERM, clean shutdown); running the script again restarts them on their data.
+# --tls: the client ports speak TLS with development certificates made once into
+# $CAIRN_CLUSTER_DIR/tls (scripts/dev-certs.sh); clients trust tls/ca.crt.
 set -euo pipefail
 
 usage() {
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   echo
-  echo "usage: $0 [--help]   (env: CAIRN_BIN=path/to/cairn, CAIRN_CLUSTER_DIR=dir)"
+  echo "usage: $0 [--tls] [--help]   (env: CAIRN_BIN=path/to/cairn, CAIRN_CLUSTER_DIR=dir)"
 }
+tls=()
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
+  --tls) tls=(on) ;;
   "") ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -32,6 +36,12 @@ if [ ! -s "$dir/secret" ]; then
   (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/secret")
 fi
 members="1=127.0.0.1:5006,2=127.0.0.1:5016,3=127.0.0.1:5026"
+scheme=""
+if [ ${#tls[@]} -gt 0 ]; then
+  "$(dirname "$0")/dev-certs.sh" "$dir/tls"
+  tls=(--tls-cert "$dir/tls/node.crt" --tls-key "$dir/tls/node.key")
+  scheme="https://"
+fi
 
 pids=()
 stop() {
@@ -51,6 +61,7 @@ for id in 1 2 3; do
     --http-listen "127.0.0.1:$(( 9464 + offset ))" \
     --initial-members "$members" \
     --cluster-secret-file "$dir/secret" \
+    "${tls[@]}" \
     >"$dir/node-$id.log" 2>&1 &
   pids+=($!)
 done
@@ -68,5 +79,7 @@ for id in 1 2 3; do
   done
 done
 "$bin" cluster status --endpoint 127.0.0.1:5006 --cluster-secret-file "$dir/secret"
-echo "clients: 127.0.0.1:5005, 127.0.0.1:5015, 127.0.0.1:5025 (admin / changeit); Ctrl-C stops"
+echo "clients: ${scheme}127.0.0.1:5005, ${scheme}127.0.0.1:5015, ${scheme}127.0.0.1:5025 (admin / changeit)"
+[ -n "$scheme" ] && echo "TLS: trust $dir/tls/ca.crt (grpcurl -cacert $dir/tls/ca.crt 127.0.0.1:5005 list)"
+echo "Ctrl-C stops"
 wait

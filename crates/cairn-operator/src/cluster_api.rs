@@ -8,6 +8,8 @@ use cairn_proto::CLUSTER_SECRET_HEADER;
 use cairn_proto::cairn_v1 as pb;
 use cairn_proto::cairn_v1::cluster_client::ClusterClient;
 use futures::future::join_all;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Endpoint;
 
@@ -47,6 +49,39 @@ pub enum Error {
     /// The cluster secret is not valid metadata.
     #[error("the cluster secret is not valid gRPC metadata")]
     Secret,
+}
+
+/// The pods that may be sent the cluster secret: those the StatefulSet `set` controls
+/// (an owner reference with its UID, marked controller) with an ordinal below its replicas,
+/// not being deleted, with an IP. Labels and a name that looks right prove nothing: anyone
+/// who may create pods in the namespace can give a pod both, and would then collect the
+/// secret, which lets its holder act as a leader.
+pub fn trusted_endpoints(name: &str, set: &StatefulSet, pods: &[Pod]) -> Vec<PodEndpoint> {
+    let Some(uid) = set.metadata.uid.as_deref() else {
+        return Vec::new();
+    };
+    let replicas = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    pods.iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| {
+            pod.metadata.owner_references.iter().flatten().any(|owner| {
+                owner.uid == uid && owner.kind == "StatefulSet" && owner.controller == Some(true)
+            })
+        })
+        .filter_map(|pod| {
+            let pod_name = pod.metadata.name.clone()?;
+            let ordinal = crate::build::pod_ordinal(name, &pod_name)?;
+            if ordinal >= replicas {
+                return None;
+            }
+            let ip = pod.status.as_ref()?.pod_ip.clone()?;
+            Some(PodEndpoint {
+                ordinal,
+                pod: pod_name,
+                ip,
+            })
+        })
+        .collect()
 }
 
 /// A pod of the Boundary with an IP.
@@ -210,5 +245,94 @@ pub fn view(status: &pb::StatusResponse) -> ClusterView {
             .iter()
             .map(|f| (f.node_id, f.matched_index))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::StatefulSetSpec;
+    use k8s_openapi::api::core::v1::PodStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+
+    fn set(replicas: i32) -> StatefulSet {
+        StatefulSet {
+            metadata: ObjectMeta {
+                name: Some("orders".into()),
+                uid: Some("set-uid".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(StatefulSetSpec {
+                replicas: Some(replicas),
+                ..StatefulSetSpec::default()
+            }),
+            ..StatefulSet::default()
+        }
+    }
+
+    fn owned_by(uid: &str, controller: bool) -> OwnerReference {
+        OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "StatefulSet".into(),
+            name: "orders".into(),
+            uid: uid.into(),
+            controller: Some(controller),
+            ..OwnerReference::default()
+        }
+    }
+
+    fn pod(name: &str, owners: Vec<OwnerReference>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                owner_references: Some(owners),
+                ..ObjectMeta::default()
+            },
+            status: Some(PodStatus {
+                pod_ip: Some(format!("10.0.0.{}", name.len())),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn names(endpoints: &[PodEndpoint]) -> Vec<&str> {
+        endpoints.iter().map(|e| e.pod.as_str()).collect()
+    }
+
+    #[test]
+    fn only_the_stateful_sets_own_pods_below_its_replicas_are_trusted() {
+        let mine = || vec![owned_by("set-uid", true)];
+        let mut deleting = pod("orders-1", mine());
+        deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        let pods = [
+            pod("orders-0", mine()),
+            deleting,
+            pod("orders-2", mine()),
+            // What a user who may create pods, but not read Secrets, could start: the
+            // labels (not checked here, the list selected by them) and a fitting name.
+            pod("orders-3", vec![]),
+            pod("orders-4", vec![owned_by("another-set", true)]),
+            pod("orders-5", vec![owned_by("set-uid", false)]),
+            pod("orders-9", mine()),
+            pod("payments-0", mine()),
+        ];
+        assert_eq!(
+            names(&trusted_endpoints("orders", &set(3), &pods)),
+            ["orders-0", "orders-2"]
+        );
+        // While surplus nodes leave, the StatefulSet keeps them and so does the trust.
+        assert_eq!(
+            names(&trusted_endpoints("orders", &set(10), &pods)),
+            ["orders-0", "orders-2", "orders-9"]
+        );
+    }
+
+    #[test]
+    fn a_stateful_set_without_a_uid_trusts_no_pod() {
+        let mut unsaved = set(3);
+        unsaved.metadata.uid = None;
+        let pods = [pod("orders-0", vec![owned_by("set-uid", true)])];
+        assert!(trusted_endpoints("orders", &unsaved, &pods).is_empty());
     }
 }

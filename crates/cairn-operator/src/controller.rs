@@ -433,21 +433,10 @@ async fn dereference(
                 what: format!("the pods of {name}"),
                 source,
             })?;
-        let endpoints: Vec<PodEndpoint> = listed
-            .items
-            .iter()
-            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-            .filter_map(|pod| {
-                let pod_name = pod.metadata.name.clone()?;
-                let ordinal = build::pod_ordinal(&name, &pod_name)?;
-                let ip = pod.status.as_ref()?.pod_ip.clone()?;
-                Some(PodEndpoint {
-                    ordinal,
-                    pod: pod_name,
-                    ip,
-                })
-            })
-            .collect();
+        let endpoints = match &running.set {
+            Some(set) => cluster_api::trusted_endpoints(&name, set, &listed.items),
+            None => Vec::new(),
+        };
         running.pod_names = listed
             .items
             .iter()

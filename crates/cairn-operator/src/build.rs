@@ -14,12 +14,16 @@ use k8s_openapi::api::core::v1::{
     SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
     Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::validate::ValidBoundary;
+use crate::validate::{OperatorPods, ValidBoundary};
 
 /// Client gRPC port (Orisun's default).
 pub const CLIENT_PORT: i32 = 5005;
@@ -93,6 +97,8 @@ pub struct Objects {
     pub pod_disruption_budget: PodDisruptionBudget,
     /// A `monitoring.coreos.com/v1` ServiceMonitor, when asked for and served.
     pub service_monitor: Option<serde_json::Value>,
+    /// Who may reach which port, when the operator was told where its own pods run.
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 /// The headless peer Service's name.
@@ -234,6 +240,66 @@ pub fn build(
         pod_disruption_budget: pod_disruption_budget(valid),
         service_monitor: (valid.service_monitor && capabilities.service_monitors)
             .then(|| service_monitor(valid)),
+        network_policy: valid
+            .network_policy
+            .as_ref()
+            .map(|operator| network_policy(valid, operator)),
+    }
+}
+
+/// The label every namespace carries with its own name (Kubernetes ≥ 1.21).
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// The peer port carries Raft, the cluster API and the cluster secret: only the Boundary's
+/// own pods and the operator's may reach it. The client and HTTP ports stay open to any
+/// source (applications, Prometheus, the kubelet's probes).
+fn network_policy(valid: &ValidBoundary, operator: &OperatorPods) -> NetworkPolicy {
+    let port = |number: i32| NetworkPolicyPort {
+        port: Some(IntOrString::Int(number)),
+        protocol: Some("TCP".into()),
+        ..NetworkPolicyPort::default()
+    };
+    let boundary_pods = NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(selector_labels(&valid.name)),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    };
+    let operator_pods = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                NAMESPACE_NAME_LABEL.to_string(),
+                operator.namespace.clone(),
+            )])),
+            ..LabelSelector::default()
+        }),
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(operator.labels.clone()),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    };
+    NetworkPolicy {
+        metadata: metadata(valid, valid.name.clone(), "network-policy"),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(&valid.name)),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    ports: Some(vec![port(PEER_PORT)]),
+                    from: Some(vec![boundary_pods, operator_pods]),
+                },
+                NetworkPolicyIngressRule {
+                    ports: Some(vec![port(CLIENT_PORT), port(HTTP_PORT)]),
+                    from: None,
+                },
+            ]),
+            ..NetworkPolicySpec::default()
+        }),
     }
 }
 
@@ -643,6 +709,7 @@ mod tests {
             placement: PlacementSpec::default(),
             service_monitor: false,
             volume_reclaim_policy: VolumeReclaimPolicy::Retain,
+            network_policy: None,
         }
     }
 
@@ -993,6 +1060,63 @@ mod tests {
             objects.cluster_secret.data.expect("data")[CLUSTER_SECRET_KEY].0,
             b"0123456789abcdef0123"
         );
+    }
+
+    #[test]
+    fn the_peer_port_admits_only_the_boundarys_pods_and_the_operator() {
+        let mut v = valid(3);
+        let built = |v: &ValidBoundary| build(v, Capabilities::default(), &generated(), 3);
+        assert!(built(&v).network_policy.is_none(), "no policy unless asked");
+        v.network_policy = Some(OperatorPods {
+            namespace: "cairn-system".into(),
+            labels: BTreeMap::from([("app.kubernetes.io/name".into(), "cairn-operator".into())]),
+        });
+        let policy = built(&v).network_policy.expect("a policy");
+        assert_eq!(policy.metadata.name.as_deref(), Some("orders"));
+        let spec = policy.spec.expect("spec");
+        assert_eq!(
+            spec.pod_selector.and_then(|s| s.match_labels),
+            Some(selector_labels("orders"))
+        );
+        assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+        let rules = spec.ingress.expect("rules");
+        let ports = |i: usize| -> Vec<IntOrString> {
+            rules[i]
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| p.port.clone())
+                .collect()
+        };
+        assert_eq!(ports(0), [IntOrString::Int(PEER_PORT)]);
+        let from = rules[0].from.as_ref().expect("peer sources");
+        assert_eq!(from.len(), 2);
+        assert_eq!(
+            from[0]
+                .pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.clone()),
+            Some(selector_labels("orders"))
+        );
+        assert!(from[0].namespace_selector.is_none(), "same namespace only");
+        let namespace = from[1]
+            .namespace_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .expect("the operator's namespace");
+        assert_eq!(namespace[NAMESPACE_NAME_LABEL], "cairn-system");
+        assert_eq!(
+            from[1]
+                .pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.clone()),
+            v.network_policy.map(|o| o.labels)
+        );
+        assert_eq!(
+            ports(1),
+            [IntOrString::Int(CLIENT_PORT), IntOrString::Int(HTTP_PORT)]
+        );
+        assert!(rules[1].from.is_none(), "clients and probes from anywhere");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
@@ -797,6 +798,13 @@ async fn apply_objects(
         let gvk = GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
         apply_dynamic(client, namespace, &gvk, "servicemonitors", monitor.clone()).await?;
     }
+    if let Some(policy) = &objects.network_policy {
+        server_side_apply(
+            &Api::<NetworkPolicy>::namespaced(client.clone(), namespace),
+            policy,
+        )
+        .await?;
+    }
     Ok(set)
 }
 
@@ -969,6 +977,7 @@ mod tests {
             placement: Default::default(),
             service_monitor: false,
             volume_reclaim_policy: VolumeReclaimPolicy::Retain,
+            network_policy: None,
         }
     }
 

@@ -1,12 +1,13 @@
 //! `cairn-operator`: the Kubernetes operator for Cairn.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use cairn_operator::leader::LeaseConfig;
 use cairn_operator::serve::{self, RunOptions};
-use cairn_operator::validate::OperatorDefaults;
+use cairn_operator::validate::{OperatorDefaults, OperatorPods};
 use clap::{ArgAction, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
@@ -89,6 +90,27 @@ struct RunArgs {
     /// How often the leader renews and standbys try to acquire; below the renew deadline.
     #[arg(long, env = "CAIRN_OPERATOR_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     retry_period: Duration,
+
+    /// Give every Boundary a NetworkPolicy: its peer port (Raft, the cluster secret) only
+    /// from its own pods and from pods in the operator's namespace (POD_NAMESPACE) carrying
+    /// --pod-labels. Off when the operator runs outside the cluster: it could not reach
+    /// the peer ports through such a policy.
+    #[arg(long, env = "CAIRN_OPERATOR_NETWORK_POLICY", default_value_t = false, action = ArgAction::Set, requires = "pod_labels")]
+    network_policy: bool,
+
+    /// Labels of the operator's own pods, `key=value,key=value` (the chart sets them).
+    #[arg(long, env = "CAIRN_OPERATOR_POD_LABELS", value_parser = parse_labels)]
+    pod_labels: Option<BTreeMap<String, String>>,
+}
+
+/// `key=value,key=value`, each key and value non-empty.
+fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    text.split(',')
+        .map(|pair| match pair.trim().split_once('=') {
+            Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(format!("{pair:?} is not key=value")),
+        })
+        .collect()
 }
 
 /// The HTTP side port (the same port a Cairn node serves its metrics on).
@@ -153,9 +175,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         } else {
             None
         };
+        let network_policy = match (args.network_policy, args.pod_labels) {
+            (true, Some(labels)) => Some(OperatorPods {
+                namespace: std::env::var("POD_NAMESPACE").context(
+                    "--network-policy needs POD_NAMESPACE, the operator's own namespace",
+                )?,
+                labels,
+            }),
+            _ => None,
+        };
         let options = RunOptions {
             defaults: OperatorDefaults {
                 image: args.cairn_image,
+                network_policy,
             },
             namespace: args.namespace,
             election,
@@ -217,6 +249,20 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn pod_labels_are_key_value_pairs() {
+        assert_eq!(
+            parse_labels("app.kubernetes.io/name=cairn, app.kubernetes.io/instance=ops"),
+            Ok(BTreeMap::from([
+                ("app.kubernetes.io/name".to_string(), "cairn".to_string()),
+                ("app.kubernetes.io/instance".to_string(), "ops".to_string()),
+            ]))
+        );
+        assert!(parse_labels("name").is_err());
+        assert!(parse_labels("=x").is_err());
+        assert!(parse_labels("a=1,").is_err());
     }
 
     #[test]

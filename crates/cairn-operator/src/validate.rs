@@ -64,6 +64,18 @@ impl Deployed {
 pub struct OperatorDefaults {
     /// Image for Boundaries that do not name one.
     pub image: String,
+    /// Where the operator's own pods run, when each Boundary gets a NetworkPolicy that
+    /// admits only them and the Boundary's pods to the peer port; `None`: no policy.
+    pub network_policy: Option<OperatorPods>,
+}
+
+/// The operator's pods, as a NetworkPolicy selects them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorPods {
+    /// Their namespace (selected by its `kubernetes.io/metadata.name` label).
+    pub namespace: String,
+    /// Labels every operator pod carries.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A spec the operator can apply, with every default filled in.
@@ -106,6 +118,8 @@ pub struct ValidBoundary {
     pub service_monitor: bool,
     /// What deletion does to the volumes.
     pub volume_reclaim_policy: VolumeReclaimPolicy,
+    /// The operator's pods, when the Boundary gets a NetworkPolicy.
+    pub network_policy: Option<OperatorPods>,
 }
 
 /// Why a spec was refused: the condition's reason and a message for the user.
@@ -336,6 +350,7 @@ pub fn validate(
         placement: spec.placement.clone(),
         service_monitor: spec.monitoring.service_monitor,
         volume_reclaim_policy: spec.volume_reclaim_policy,
+        network_policy: defaults.network_policy.clone(),
     })
 }
 
@@ -398,6 +413,7 @@ mod tests {
     fn defaults() -> OperatorDefaults {
         OperatorDefaults {
             image: "cairn:test".into(),
+            network_policy: None,
         }
     }
 

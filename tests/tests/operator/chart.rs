@@ -10,10 +10,11 @@ use cairn_operator::leader::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, LeaseConfig,
 };
 use cairn_operator::serve::{self, RunOptions};
-use cairn_operator::validate::OperatorDefaults;
+use cairn_operator::validate::{OperatorDefaults, OperatorPods};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
@@ -56,6 +57,8 @@ const NEEDED: &[(&str, &str)] = &[
     ("patch", "statefulsets.apps"),
     ("get", "poddisruptionbudgets.policy"),
     ("patch", "poddisruptionbudgets.policy"),
+    ("create", "networkpolicies.networking.k8s.io"),
+    ("patch", "networkpolicies.networking.k8s.io"),
     // (ServiceMonitors too, but kubectl cannot ask about a resource the server does not
     // serve, and this one has no Prometheus operator.)
     ("create", "events.events.k8s.io"),
@@ -118,7 +121,38 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
         .get("cairn")
         .await
         .expect("the operator Deployment");
-    let pod = deployment.spec.expect("spec").template.spec.expect("pod");
+    let template = deployment.spec.expect("spec").template;
+    let operator_labels = template
+        .metadata
+        .and_then(|m| m.labels)
+        .expect("operator pod labels");
+    let pod = template.spec.expect("pod");
+    // The NetworkPolicies the operator makes must select the operator's pods as the chart
+    // labels them.
+    let env = |name: &str| {
+        pod.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(
+        env("CAIRN_OPERATOR_NETWORK_POLICY").as_deref(),
+        Some("true")
+    );
+    let advertised: std::collections::BTreeMap<String, String> = env("CAIRN_OPERATOR_POD_LABELS")
+        .expect("pod labels passed to the operator")
+        .split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert!(
+        advertised
+            .iter()
+            .all(|(k, v)| operator_labels.get(k) == Some(v)),
+        "{advertised:?} does not select {operator_labels:?}"
+    );
     assert_eq!(pod.service_account_name.as_deref(), Some("cairn"));
     assert_eq!(
         pod.containers[0].args.as_deref(),
@@ -196,6 +230,10 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
         RunOptions {
             defaults: OperatorDefaults {
                 image: "cairn:test".into(),
+                network_policy: Some(OperatorPods {
+                    namespace: RELEASE_NAMESPACE.into(),
+                    labels: advertised.clone(),
+                }),
             },
             namespace: None,
             election: Some(LeaseConfig {
@@ -243,6 +281,23 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
         .expect("read")
         .expect("the operator made the StatefulSet");
     let data_pod = set.spec.expect("spec").template.spec.expect("pod");
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), NAMESPACE);
+    let policy = policies
+        .get_opt("orders")
+        .await
+        .expect("read")
+        .expect("the operator (as its ServiceAccount) made the NetworkPolicy");
+    let peer_sources = policy.spec.and_then(|s| s.ingress).expect("rules")[0]
+        .from
+        .clone()
+        .expect("peer sources");
+    assert_eq!(
+        peer_sources[1]
+            .pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone()),
+        Some(advertised.clone())
+    );
     assert_eq!(
         cairn_operator::pod_security::restricted_violations(&data_pod),
         Vec::<String>::new(),

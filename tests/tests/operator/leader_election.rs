@@ -40,6 +40,7 @@ async fn start(envtest: &Envtest, identity: &str) -> Operator {
     let options = RunOptions {
         defaults: OperatorDefaults {
             image: "cairn:test".into(),
+            network_policy: None,
         },
         namespace: Some(NAMESPACE.into()),
         election: Some(

@@ -232,6 +232,7 @@ pub async fn discover(client: &Client) -> Context {
         client.clone(),
         OperatorDefaults {
             image: "cairn:test".into(),
+            network_policy: None,
         },
         Arc::new(Metrics::new().expect("register metrics")),
     )

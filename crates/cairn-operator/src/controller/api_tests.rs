@@ -26,6 +26,7 @@ fn context(pdb_v1: bool) -> (Arc<Context>, ApiHandle) {
         client,
         defaults: OperatorDefaults {
             image: "cairn:test".into(),
+            network_policy: None,
         },
         capabilities: Capabilities::default(),
         pdb_v1,

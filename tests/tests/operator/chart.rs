@@ -331,7 +331,12 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
         .expect("spec");
     assert_eq!(released.holder_identity, None, "released on a clean stop");
 
-    // Upgrade: a changed value reaches the Deployment.
+    assert!(
+        can_i_in(&kubeconfig, "elsewhere", "get", "secrets"),
+        "unscoped, the operator serves Boundaries in every namespace"
+    );
+    // Upgrade: a changed value reaches the Deployment. Scoped to one namespace, the
+    // operator's rights become a Role there: nothing in any other namespace.
     let upgraded = helm(
         &kubeconfig,
         &[
@@ -342,9 +347,30 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
             RELEASE_NAMESPACE,
             "--set",
             "operator.logLevel=debug",
+            "--set",
+            &format!("operator.watchNamespace={NAMESPACE}"),
         ],
     );
     assert!(upgraded.contains("REVISION: 2"), "{upgraded}");
+    for (verb, resource) in NEEDED {
+        assert!(
+            can_i(&kubeconfig, verb, resource),
+            "scoped, the operator still needs {verb} {resource} in {NAMESPACE}"
+        );
+    }
+    for (verb, resource) in [
+        ("get", "secrets"),
+        ("create", "secrets"),
+        ("delete", "persistentvolumeclaims"),
+        ("deletecollection", "persistentvolumeclaims"),
+        ("patch", "statefulsets.apps"),
+        ("list", "boundaries.cairn.dev"),
+    ] {
+        assert!(
+            !can_i_in(&kubeconfig, "elsewhere", verb, resource),
+            "scoped to {NAMESPACE}, the operator must not {verb} {resource} in elsewhere"
+        );
+    }
     let deployment = deployments.get("cairn").await.expect("Deployment");
     let env = deployment
         .spec

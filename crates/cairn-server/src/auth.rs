@@ -1,11 +1,14 @@
 //! Authentication and authorisation (A1–A4).
 //!
 //! Credentials are either HTTP Basic or a session token (`x-auth-token`). Tokens are
-//! stateless: `base64url(user_id:generation:expiry).base64url(HMAC-SHA256)` under a random
-//! key kept in the replicated catalog, so any node can verify a token any other node
+//! stateless: `base64url(user_id:generation:expiry:login).base64url(HMAC-SHA256)` under a
+//! random key kept in the replicated catalog, so any node can verify a token any other node
 //! issued. A token is valid while unexpired, while its user exists and while the user's
 //! credential generation (bumped by every password change) matches: deleting a user or
-//! changing a password revokes its tokens at once.
+//! changing a password revokes its tokens at once. `login` is when the password was last
+//! checked for this session: every token a response hands out carries it on, and none
+//! expires later than `login + max_age`, so a session (and a stolen token) ends then
+//! however busy it is.
 //!
 //! Passwords are stored as argon2id PHC strings. Verifying one costs tens of milliseconds
 //! by design, so a successful Basic login is remembered under the SHA-256 of
@@ -47,14 +50,18 @@ pub struct Principal {
     pub username: String,
     /// Roles.
     pub roles: Vec<Role>,
+    /// When this session's password was checked (Unix seconds): the tokens issued to it
+    /// expire at the latest `max_age` after.
+    pub logged_in_at: u64,
 }
 
 impl Principal {
-    fn of(user: &UserRecord) -> Self {
+    fn of(user: &UserRecord, logged_in_at: u64) -> Self {
         Principal {
             user_id: user.user_id.clone(),
             username: user.username.clone(),
             roles: user.roles.clone(),
+            logged_in_at,
         }
     }
 
@@ -103,21 +110,31 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// How long session tokens live.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenLifetime {
+    /// From the last response that handed one out (a sliding window).
+    pub ttl: Duration,
+    /// From the password login that began the session, at most.
+    pub max_age: Duration,
+}
+
 /// Verifies credentials and issues tokens.
 pub struct Authenticator {
     store: Store,
-    token_ttl: Duration,
+    lifetime: TokenLifetime,
     passwords: Arc<PasswordChecks>,
     basic_cache: Mutex<HashMap<[u8; 32], (String, u64)>>,
     tokens: Mutex<TokenCache>,
 }
 
-/// A token's claims: user id, credential generation, expiry (Unix seconds).
+/// A token's claims: user id, credential generation, expiry and login (Unix seconds).
 #[derive(Debug)]
 struct Claims {
     user_id: String,
     generation: u64,
     expiry: u64,
+    logged_in_at: u64,
 }
 
 /// Tokens recently issued and verified. Expiry has one-second resolution, so a token issued
@@ -197,10 +214,10 @@ impl From<AuthFailure> for Error {
 
 impl Authenticator {
     /// An authenticator reading users and the token key from `store`'s catalog.
-    pub fn new(store: Store, token_ttl: Duration, passwords: Arc<PasswordChecks>) -> Self {
+    pub fn new(store: Store, lifetime: TokenLifetime, passwords: Arc<PasswordChecks>) -> Self {
         Authenticator {
             store,
-            token_ttl,
+            lifetime,
             passwords,
             basic_cache: Mutex::new(HashMap::new()),
             tokens: Mutex::new(TokenCache::default()),
@@ -220,7 +237,8 @@ impl Authenticator {
         Ok(mac.finalize().into_bytes().to_vec())
     }
 
-    /// A fresh session token for `principal`, valid for the configured TTL.
+    /// A fresh session token for `principal`, valid for the configured TTL but never past
+    /// the session's maximum age.
     pub fn issue_token(&self, principal: &Principal) -> Result<String, Error> {
         let generation = self
             .store
@@ -230,14 +248,18 @@ impl Authenticator {
                     .map(|u| u.credential_generation)
             })
             .ok_or_else(|| Error::Unauthenticated("user no longer exists".into()))?;
-        let expiry = now_secs() + self.token_ttl.as_secs();
+        let expiry = (now_secs() + self.lifetime.ttl.as_secs())
+            .min(principal.logged_in_at + self.lifetime.max_age.as_secs());
         if let Some((cached_generation, cached_expiry, token)) =
             self.tokens().issued.get(&principal.user_id)
             && (*cached_generation, *cached_expiry) == (generation, expiry)
         {
             return Ok(token.clone());
         }
-        let payload = format!("{}:{generation}:{expiry}", principal.user_id);
+        let payload = format!(
+            "{}:{generation}:{expiry}:{}",
+            principal.user_id, principal.logged_in_at
+        );
         let mac = Self::mac(&self.token_key()?, payload.as_bytes())?;
         let token = format!(
             "{}.{}",
@@ -274,13 +296,14 @@ impl Authenticator {
     /// has the credential generation they name.
     fn admit(&self, claims: &Claims) -> Result<Principal, Error> {
         let bad = || Error::from(AuthFailure::BadToken);
-        if claims.expiry <= now_secs() {
+        let now = now_secs();
+        if claims.expiry <= now || claims.logged_in_at + self.lifetime.max_age.as_secs() <= now {
             return Err(bad());
         }
         self.store
             .with_catalog(|c| match c.users.get(&claims.user_id) {
                 Some(user) if user.credential_generation == claims.generation => {
-                    Ok(Principal::of(user))
+                    Ok(Principal::of(user, claims.logged_in_at))
                 }
                 _ => Err(bad()),
             })
@@ -299,15 +322,27 @@ impl Authenticator {
         verifier.verify_slice(&mac).map_err(|_| bad())?;
         let payload = String::from_utf8(payload).map_err(|_| bad())?;
         let mut parts = payload.split(':');
-        let (Some(user_id), Some(generation), Some(expiry), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(user_id), Some(generation), Some(expiry), login, None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return Err(bad());
+        };
+        let expiry: u64 = expiry.parse().map_err(|_| bad())?;
+        let logged_in_at = match login {
+            Some(login) => login.parse().map_err(|_| bad())?,
+            // A token of a release before the maximum age: its session is taken to have
+            // begun when this token was issued, so it ends within one maximum age too.
+            None => expiry.saturating_sub(self.lifetime.ttl.as_secs()),
         };
         Ok(Claims {
             user_id: user_id.to_string(),
             generation: generation.parse().map_err(|_| bad())?,
-            expiry: expiry.parse().map_err(|_| bad())?,
+            expiry,
+            logged_in_at,
         })
     }
 
@@ -341,7 +376,7 @@ impl Authenticator {
                 .get(&fingerprint)
                 .cloned();
             if cached == Some((user.user_id.clone(), user.credential_generation)) {
-                return Ok(Principal::of(user));
+                return Ok(Principal::of(user, now_secs()));
             }
         }
         // An unknown name takes the same path as a wrong password: same check, same cost,
@@ -365,7 +400,7 @@ impl Authenticator {
             fingerprint,
             (user.user_id.clone(), user.credential_generation),
         );
-        Ok(Principal::of(&user))
+        Ok(Principal::of(&user, now_secs()))
     }
 
     /// Authenticates a request from its headers (A1): a valid token wins; otherwise Basic.
@@ -489,13 +524,13 @@ mod tests {
                 .expect("apply")
                 .expect("applied");
         }
-        (dir, store, Principal::of(&user))
+        (dir, store, Principal::of(&user, now_secs()))
     }
 
     #[test]
     fn cached_tokens_still_die_with_their_credentials() {
         let (_dir, store, ann) = store_with_user();
-        let auth = Authenticator::new(store.clone(), Duration::from_secs(3600), test_checks());
+        let auth = Authenticator::new(store.clone(), lifetime(3600, 86_400), test_checks());
         let token = auth.issue_token(&ann).expect("issue");
         assert_eq!(auth.verify_token(&token).expect("valid"), ann);
         // Verified again from the cache.
@@ -529,7 +564,7 @@ mod tests {
     #[test]
     fn every_issued_token_expires_a_full_ttl_after_it_is_handed_out() {
         let (_dir, store, ann) = store_with_user();
-        let auth = Authenticator::new(store, Duration::from_secs(3600), test_checks());
+        let auth = Authenticator::new(store, lifetime(3600, 86_400), test_checks());
         for _ in 0..3 {
             let before = now_secs();
             let token = auth.issue_token(&ann).expect("issue");
@@ -539,6 +574,53 @@ mod tests {
                 "the session slides with each response"
             );
         }
+    }
+
+    fn lifetime(ttl: u64, max_age: u64) -> TokenLifetime {
+        TokenLifetime {
+            ttl: Duration::from_secs(ttl),
+            max_age: Duration::from_secs(max_age),
+        }
+    }
+
+    #[test]
+    fn a_session_ends_at_its_maximum_age_however_often_it_is_refreshed() {
+        let (_dir, store, mut ann) = store_with_user();
+        let auth = Authenticator::new(store, lifetime(3600, 600), test_checks());
+        // Logged in 100 s ago: tokens handed out now carry that login on and expire 500 s
+        // from now, not an hour.
+        ann.logged_in_at = now_secs() - 100;
+        let token = auth.issue_token(&ann).expect("issue");
+        let claims = auth.verify_signature(&token).expect("signed");
+        assert_eq!(claims.logged_in_at, ann.logged_in_at);
+        assert_eq!(claims.expiry, ann.logged_in_at + 600);
+        let refreshed_for = auth.verify_token(&token).expect("valid");
+        assert_eq!(refreshed_for.logged_in_at, ann.logged_in_at, "carried on");
+        // A session older than the maximum age gets no usable token.
+        ann.logged_in_at = now_secs() - 601;
+        let stale = auth.issue_token(&ann).expect("issue");
+        assert!(auth.verify_token(&stale).is_err(), "past its maximum age");
+    }
+
+    #[test]
+    fn tokens_of_the_previous_format_live_one_maximum_age_at_most() {
+        let (_dir, store, ann) = store_with_user();
+        let auth = Authenticator::new(store, lifetime(3600, 600), test_checks());
+        let key = auth.token_key().expect("key");
+        let old = |expiry: u64| {
+            let payload = format!("{}:0:{expiry}", ann.user_id);
+            let mac = Authenticator::mac(&key, payload.as_bytes()).expect("mac");
+            format!(
+                "{}.{}",
+                URL_SAFE_NO_PAD.encode(payload),
+                URL_SAFE_NO_PAD.encode(mac)
+            )
+        };
+        // Issued just now (expiry one TTL ahead): valid, its session begun now.
+        let fresh = auth.verify_token(&old(now_secs() + 3600)).expect("valid");
+        assert!(fresh.logged_in_at + 5 >= now_secs());
+        // Issued 20 minutes ago with a 60-minute TTL: unexpired, but past the maximum age.
+        assert!(auth.verify_token(&old(now_secs() + 2400)).is_err());
     }
 
     fn test_checks() -> Arc<PasswordChecks> {

@@ -38,6 +38,8 @@ pub mod defaults {
     pub const NODE_ID: u64 = 1;
     /// Session token lifetime, sliding (A1).
     pub const TOKEN_TTL_SECS: u64 = 24 * 60 * 60;
+    /// A session's longest life from its password login, however busy it is.
+    pub const TOKEN_MAX_AGE_SECS: u64 = 7 * 24 * 60 * 60;
     /// Largest accepted request message.
     pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
     /// Raft snapshot interval in log entries.
@@ -219,9 +221,16 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_LEADER_WAIT_MS", default_value_t = defaults::LEADER_WAIT_MS)]
     pub leader_wait_ms: u64,
 
-    /// Lifetime of session tokens in seconds; each authenticated response extends it.
+    /// Lifetime of session tokens in seconds; each authenticated response extends it (up to
+    /// --token-max-age-secs).
     #[arg(long, env = "CAIRN_TOKEN_TTL_SECS", default_value_t = defaults::TOKEN_TTL_SECS)]
     pub token_ttl_secs: u64,
+
+    /// Longest life of a session in seconds, counted from the password login that began
+    /// it: tokens handed out on later responses never outlive it, so a stolen token dies
+    /// by then however often it is used. The client then logs in with its password again.
+    #[arg(long, env = "CAIRN_TOKEN_MAX_AGE_SECS", default_value_t = defaults::TOKEN_MAX_AGE_SECS)]
+    pub token_max_age_secs: u64,
 
     /// Largest request message accepted, in bytes; larger ones get OUT_OF_RANGE.
     #[arg(long, env = "CAIRN_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES)]
@@ -420,6 +429,8 @@ pub struct ServeConfig {
     pub leader_wait: Duration,
     /// Token TTL.
     pub token_ttl: Duration,
+    /// A session's longest life from its password login.
+    pub token_max_age: Duration,
     /// Max request size.
     pub max_message_bytes: usize,
     /// Largest event.
@@ -606,6 +617,9 @@ impl ServeArgs {
         if self.token_ttl_secs == 0 {
             return Err(ConfigError("--token-ttl-secs must be ≥ 1".into()));
         }
+        if self.token_max_age_secs == 0 {
+            return Err(ConfigError("--token-max-age-secs must be ≥ 1".into()));
+        }
         if self.max_message_bytes < 1024 {
             return Err(ConfigError("--max-message-bytes must be ≥ 1024".into()));
         }
@@ -751,6 +765,7 @@ impl ServeArgs {
             timing,
             leader_wait: Duration::from_millis(self.leader_wait_ms),
             token_ttl: Duration::from_secs(self.token_ttl_secs),
+            token_max_age: Duration::from_secs(self.token_max_age_secs),
             max_message_bytes: self.max_message_bytes,
             max_event_bytes: self.max_event_bytes,
             max_response_bytes: self.max_response_bytes,
@@ -945,6 +960,7 @@ impl ServeConfig {
             timing: cairn_raft::RaftTiming::default(),
             leader_wait: Duration::from_millis(defaults::LEADER_WAIT_MS),
             token_ttl: Duration::from_secs(defaults::TOKEN_TTL_SECS),
+            token_max_age: Duration::from_secs(defaults::TOKEN_MAX_AGE_SECS),
             max_message_bytes: defaults::MAX_MESSAGE_BYTES,
             max_event_bytes: cairn_core::limits::DEFAULT_MAX_EVENT_BYTES,
             max_response_bytes: cairn_core::limits::DEFAULT_MAX_RESPONSE_BYTES,

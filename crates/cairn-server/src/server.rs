@@ -507,7 +507,14 @@ async fn serve_on(
         let passwords = crate::password::PasswordChecks::start(config.password_limits)
             .map_err(ServerError::Threads)?;
         let node = Arc::new(NodeState {
-            auth: Authenticator::new(raft.store().clone(), config.token_ttl, passwords),
+            auth: Authenticator::new(
+                raft.store().clone(),
+                crate::auth::TokenLifetime {
+                    ttl: config.token_ttl,
+                    max_age: config.token_max_age,
+                },
+                passwords,
+            ),
             raft,
             metrics: metrics.clone(),
             config: config.clone(),

@@ -218,6 +218,42 @@ async fn a3_passwords_are_stored_hashed() {
     );
 }
 
+#[tokio::test]
+async fn a1_a_session_ends_at_its_maximum_age_however_busy_it_is() {
+    let server =
+        TestServer::start_with(|c| c.token_max_age = std::time::Duration::from_secs(2)).await;
+    let mut token = token_of(&server, ADMIN.0, ADMIN.1).await;
+    let started = std::time::Instant::now();
+    // Keep the session busy with its newest token; it must still end.
+    let refused = loop {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "a token-only session outlived its 2 s maximum age by far"
+        );
+        match server
+            .client_with(Credentials::token(&token))
+            .es
+            .ping(pb::PingRequest {})
+            .await
+        {
+            Ok(response) => {
+                token = response
+                    .metadata()
+                    .get("x-auth-token")
+                    .expect("a fresh token")
+                    .to_str()
+                    .expect("ascii")
+                    .to_string();
+            }
+            Err(status) => break status,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    // The password begins a new session.
+    token_of(&server, ADMIN.0, ADMIN.1).await;
+}
+
 async fn token_of(server: &TestServer, user: &str, password: &str) -> String {
     server
         .client_with(Credentials::basic(user, password))

@@ -98,7 +98,10 @@ fn missing(node: &NodeState) -> Missing {
 async fn propose_missing(node: &NodeState) -> Result<(), Error> {
     node.raft.read_barrier().await?;
     let missing = missing(node);
-    if missing.admin_user {
+    // The admin user is part of the first start only (whose last write is the token key):
+    // once that finished, a deleted admin stays deleted, and a changed --admin-username or
+    // --admin-password changes nothing (users are managed through the Admin API).
+    if missing.admin_user && missing.token_key {
         let config = &node.config;
         create_user(
             node,
@@ -140,12 +143,6 @@ async fn propose_missing(node: &NodeState) -> Result<(), Error> {
 /// Watches this node's leadership and proposes the missing start-up writes each time it
 /// begins to lead (retrying while it leads, if they fail).
 pub fn spawn(node: Arc<NodeState>) -> JoinHandle<()> {
-    if node.config.admin_password == defaults::ADMIN_PASSWORD {
-        tracing::warn!(
-            "THE ADMIN PASSWORD IS THE PUBLIC DEFAULT \"{}\": set --admin-password / CAIRN_ADMIN_PASSWORD before exposing this node",
-            defaults::ADMIN_PASSWORD
-        );
-    }
     tokio::spawn(async move {
         let mut leader = node.raft.watch_leader();
         let mut done_in_this_term = false;
@@ -170,6 +167,31 @@ pub fn spawn(node: Arc<NodeState>) -> JoinHandle<()> {
             }
         }
     })
+}
+
+/// Warns, loudly, when the admin user's stored password is the public default, whatever
+/// the flags say now: the flag only sets the password of the first start, so checking it
+/// would miss a node started with the default once and a password flag since, and cry
+/// wolf about one whose admin password was changed through the Admin API.
+pub async fn warn_if_default_admin_password(node: &NodeState) {
+    let username = node.config.admin_username.clone();
+    let Some(user) = node
+        .store()
+        .with_catalog(|c| c.user_by_name(&username).cloned())
+    else {
+        return;
+    };
+    let is_default = tokio::task::spawn_blocking(move || {
+        crate::password::verify(&user.password_hash, defaults::ADMIN_PASSWORD)
+    })
+    .await
+    .unwrap_or(false);
+    if is_default {
+        tracing::warn!(
+            "THE PASSWORD OF ADMIN USER \"{username}\" IS THE PUBLIC DEFAULT \"{}\": change it (Admin/ChangePassword) before exposing this node",
+            defaults::ADMIN_PASSWORD
+        );
+    }
 }
 
 /// Waits until this node has applied the session-token key (it cannot authenticate anyone

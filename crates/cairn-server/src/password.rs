@@ -126,7 +126,9 @@ fn dummy_hash() -> &'static str {
     })
 }
 
-fn verify(hash: &str, password: &str) -> bool {
+/// Whether `password` matches the argon2 PHC string `hash` (a blocking, deliberately slow
+/// check: call it off the async threads).
+pub(crate) fn verify(hash: &str, password: &str) -> bool {
     PasswordHash::new(hash).is_ok_and(|parsed| {
         Argon2::default()
             .verify_password(password.as_bytes(), &parsed)

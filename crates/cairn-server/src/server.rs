@@ -547,6 +547,7 @@ async fn serve_on(
             }
             return Err(ServerError::Bootstrap(e));
         }
+        bootstrap::warn_if_default_admin_password(&node).await;
         Ok::<_, ServerError>((node, bootstrap_task, formation_task))
     }
     .await;

@@ -254,6 +254,57 @@ async fn a1_a_session_ends_at_its_maximum_age_however_busy_it_is() {
     token_of(&server, ADMIN.0, ADMIN.1).await;
 }
 
+#[tokio::test]
+async fn a2_a_deleted_bootstrap_admin_stays_deleted_across_restarts() {
+    let server = TestServer::start().await;
+    server
+        .create_user("root", "root-password", &["ADMIN"])
+        .await;
+    let mut root = server.client_with(Credentials::basic("root", "root-password"));
+    let users = |list: pb::ListUsersResponse| -> Vec<String> {
+        list.users.into_iter().map(|u| u.username).collect()
+    };
+    let listed = root
+        .admin
+        .list_users(pb::ListUsersRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    let admin_id = listed
+        .users
+        .iter()
+        .find(|u| u.username == ADMIN.0)
+        .expect("the bootstrap admin")
+        .user_id
+        .clone();
+    root.admin
+        .delete_user(pb::DeleteUserRequest { user_id: admin_id })
+        .await
+        .expect("delete the bootstrap admin");
+    // A restart is a new leadership: before, its start-up writes re-created the admin
+    // with the flag's (default) password.
+    let mut server = server;
+    for _ in 0..2 {
+        let dir = server.stop().await;
+        server = TestServer::start_in(dir, |_| {}).await;
+        let mut root = server.client_with(Credentials::basic("root", "root-password"));
+        let listed = root
+            .admin
+            .list_users(pb::ListUsersRequest {})
+            .await
+            .expect("list")
+            .into_inner();
+        assert_eq!(users(listed), ["root"], "the deleted admin came back");
+        let status = server
+            .client()
+            .es
+            .ping(pb::PingRequest {})
+            .await
+            .expect_err("the default admin login");
+        assert_eq!(status.code(), Code::Unauthenticated);
+    }
+}
+
 async fn token_of(server: &TestServer, user: &str, password: &str) -> String {
     server
         .client_with(Credentials::basic(user, password))

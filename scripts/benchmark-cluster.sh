@@ -93,7 +93,7 @@ cluster() {
     "$cairn" serve --node-id "$id" --data-dir "$work/node-$id" \
       --listen "127.0.0.1:$(( 15205 + offset ))" --peer-listen "127.0.0.1:$(( 15206 + offset ))" \
       --http-listen "127.0.0.1:$(( 19664 + offset ))" --initial-members "$members" \
-      --cluster-secret-file "$work/secret" --log warn,cairn_server::server=info \
+      --cluster-secret-file "$work/secret" --allow-default-password --log warn,cairn_server::server=info \
       >"$work/node-$id.log" 2>&1 &
     pids+=($!)
   done

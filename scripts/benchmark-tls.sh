@@ -93,7 +93,7 @@ start() {
     "$cairn" serve --node-id "$id" --data-dir "$work/node-$id" \
       --listen "127.0.0.1:$(( 15405 + offset ))" --peer-listen "127.0.0.1:$(( 15406 + offset ))" \
       --http-listen "127.0.0.1:$(( 19864 + offset ))" --initial-members "$members" \
-      --cluster-secret-file "$work/secret" "${tls[@]}" --log warn,cairn_server::server=info \
+      --cluster-secret-file "$work/secret" --allow-default-password "${tls[@]}" --log warn,cairn_server::server=info \
       >"$work/node-$id.log" 2>&1 &
     pids+=($!)
     endpoints="${endpoints:+$endpoints,}$scheme://127.0.0.1:$(( 15405 + offset ))"

@@ -61,6 +61,7 @@ for id in 1 2 3; do
     --http-listen "127.0.0.1:$(( 9464 + offset ))" \
     --initial-members "$members" \
     --cluster-secret-file "$dir/secret" \
+    --allow-default-password \
     "${tls[@]}" \
     >"$dir/node-$id.log" 2>&1 &
   pids+=($!)

@@ -18,4 +18,5 @@ USER 10001:10001
 EXPOSE 5005 5006 9464
 VOLUME /var/lib/cairn
 ENTRYPOINT ["/usr/local/bin/cairn"]
-CMD ["serve", "--data-dir", "/var/lib/cairn/data"]
+# Reachable from outside the container, so the first start needs CAIRN_ADMIN_PASSWORD.
+CMD ["serve", "--data-dir", "/var/lib/cairn/data", "--listen", "0.0.0.0:5005", "--http-listen", "0.0.0.0:9464"]

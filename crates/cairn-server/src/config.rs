@@ -22,10 +22,11 @@ pub const MAX_MEMTABLE_MB: usize = 4096;
 pub mod defaults {
     /// Data directory.
     pub const DATA_DIR: &str = "./data";
-    /// Client gRPC listen address (Orisun's port).
-    pub const LISTEN: &str = "0.0.0.0:5005";
-    /// HTTP listen address for /healthz, /readyz, /metrics.
-    pub const HTTP_LISTEN: &str = "0.0.0.0:9464";
+    /// Client gRPC listen address (Orisun's port). Loopback: a bare `cairn serve` (with
+    /// the default admin password) is reachable from this machine only.
+    pub const LISTEN: &str = "127.0.0.1:5005";
+    /// HTTP listen address for /healthz, /readyz, /metrics (loopback, as the client port).
+    pub const HTTP_LISTEN: &str = "127.0.0.1:9464";
     /// Boundaries created at start-up.
     pub const BOUNDARIES: &str = "default";
     /// The admin boundary, always present (B5); Orisun's default name.
@@ -381,6 +382,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_TLS_HANDSHAKE_TIMEOUT_SECS", default_value_t = crate::tls::defaults::HANDSHAKE_TIMEOUT_SECS)]
     pub tls_handshake_timeout_secs: u64,
 
+    /// Allow the first start of a clustered node, or of one whose client port listens on a
+    /// non-loopback address, with the public default admin password. Development only:
+    /// anyone who can reach the node can then administer it.
+    #[arg(long, env = "CAIRN_ALLOW_DEFAULT_PASSWORD")]
+    pub allow_default_password: bool,
+
     /// Start even if the data directory is accessible to other users (it holds password
     /// hashes and the token-signing key). Without it, such a directory owned by this user
     /// is made private at start-up, and one owned by another user is refused.
@@ -447,6 +454,8 @@ pub struct ServeConfig {
     pub min_free_disk_bytes: u64,
     /// Keep a data directory others can access.
     pub allow_insecure_permissions: bool,
+    /// Whether a first start may store the default admin password on an exposed node.
+    pub allow_default_password: bool,
     /// Snapshot interval.
     pub snapshot_every_entries: u64,
     /// Snapshot interval in bytes of proposed commands.
@@ -774,6 +783,7 @@ impl ServeArgs {
             max_write_bytes_in_flight: self.max_write_bytes_in_flight,
             min_free_disk_bytes: self.min_free_disk_mb.saturating_mul(1024 * 1024),
             allow_insecure_permissions: self.allow_insecure_permissions,
+            allow_default_password: self.allow_default_password,
             snapshot_every_entries: self.snapshot_every_entries,
             snapshot_every_bytes: self.snapshot_every_bytes,
             raft_log_kept: self.raft_log_kept,
@@ -971,6 +981,8 @@ impl ServeConfig {
             // suite fail on a nearly full disk for reasons that are not the test's.
             min_free_disk_bytes: 0,
             allow_insecure_permissions: false,
+            // Tests log in with the default credentials, on clustered nodes too.
+            allow_default_password: true,
             snapshot_every_entries: defaults::SNAPSHOT_EVERY_ENTRIES,
             snapshot_every_bytes: defaults::SNAPSHOT_EVERY_BYTES,
             raft_log_kept: defaults::RAFT_LOG_KEPT,
@@ -1028,8 +1040,9 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         let c = parse(&[]).expect("defaults are valid");
-        assert_eq!(c.listen.to_string(), "0.0.0.0:5005");
-        assert_eq!(c.http_listen.to_string(), "0.0.0.0:9464");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:5005");
+        assert_eq!(c.http_listen.to_string(), "127.0.0.1:9464");
+        assert!(!c.allow_default_password);
         assert_eq!(c.boundaries, vec!["default"]);
         assert_eq!(c.admin_boundary, "orisun_admin");
         assert_eq!(c.admin_username, "admin");

@@ -78,6 +78,9 @@ pub enum ServerError {
     /// The password-check threads could not be started.
     #[error("failed to start the password-check threads: {0}")]
     Threads(std::io::Error),
+    /// The public default admin password on a node others can reach.
+    #[error("{0}")]
+    DefaultPassword(String),
     /// The TLS files cannot be used.
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
@@ -257,6 +260,35 @@ fn spawn_peer_server(
     PeerServer { stop, task }
 }
 
+/// A first start stores the admin password the flags give: with the public default, only
+/// on a node nobody else can reach, or when told it is a development machine. Later starts
+/// are not refused (the flag no longer matters, and an upgrade must not stop a running
+/// cluster); they warn while the stored password is the default.
+fn refuse_default_password(config: &ServeConfig, client_addr: SocketAddr) -> Result<(), String> {
+    if config.admin_password != crate::config::defaults::ADMIN_PASSWORD
+        || config.allow_default_password
+    {
+        return Ok(());
+    }
+    let exposure = if config.cluster.is_some() {
+        "clustered"
+    } else if !client_addr.ip().is_loopback() {
+        "listening on a non-loopback address"
+    } else {
+        return Ok(());
+    };
+    let first_start = std::fs::read_dir(&config.data_dir).map_or(true, |mut d| d.next().is_none());
+    if !first_start {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing the first start of a node that is {exposure} with the public default admin \
+         password \"{}\": set --admin-password (or CAIRN_ADMIN_PASSWORD), or pass \
+         --allow-default-password on a development machine",
+        crate::config::defaults::ADMIN_PASSWORD
+    ))
+}
+
 /// The client-facing ports' TLS, loaded and watched for renewals.
 struct ClientTls {
     material: tokio::sync::watch::Receiver<Arc<crate::tls::Material>>,
@@ -321,6 +353,7 @@ async fn serve_on(
             addr: config.http_listen,
             source,
         })?;
+    refuse_default_password(&config, grpc_addr).map_err(ServerError::DefaultPassword)?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;

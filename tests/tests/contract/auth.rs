@@ -305,6 +305,41 @@ async fn a2_a_deleted_bootstrap_admin_stays_deleted_across_restarts() {
     }
 }
 
+#[tokio::test]
+async fn a2_an_exposed_first_start_refuses_the_default_admin_password() {
+    let exposed = |dir: &tempfile::TempDir| {
+        let mut config = cairn_server::ServeConfig::for_test(dir.path().join("data"));
+        config.allow_default_password = false;
+        config.listen = "0.0.0.0:0".parse().expect("address");
+        config
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let Err(refused) = cairn_server::start(exposed(&dir)).await else {
+        panic!("an exposed node started with the default admin password");
+    };
+    let message = refused.to_string();
+    assert!(
+        message.contains("non-loopback") && message.contains("--admin-password"),
+        "{message}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "a refused start wrote nothing"
+    );
+
+    // On loopback (a laptop) the default is fine; so is an exposed node with a password.
+    let laptop = TestServer::start_with(|c| c.allow_default_password = false).await;
+    laptop.stop().await;
+    let mut config = exposed(&dir);
+    config.admin_password = "not-the-default".into();
+    let server = cairn_server::start(config).await.expect("a password given");
+    server.shutdown().await.expect("stop");
+    // A later start is no first start: the flag no longer sets anything, and an upgrade
+    // must not stop a running node.
+    let server = cairn_server::start(exposed(&dir)).await.expect("a restart");
+    server.shutdown().await.expect("stop");
+}
+
 async fn token_of(server: &TestServer, user: &str, password: &str) -> String {
     server
         .client_with(Credentials::basic(user, password))

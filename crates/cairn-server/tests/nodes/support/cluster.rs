@@ -615,6 +615,8 @@ fn member_args(id: u64, advertise: &SocketAddr) -> Vec<String> {
         SECRET.to_string(),
         "--leader-wait-ms".to_string(),
         "5000".to_string(),
+        // The tests log in as admin/changeit on every node.
+        "--allow-default-password".to_string(),
     ];
     args.extend(FAST_TIMING.iter().map(|s| s.to_string()));
     args

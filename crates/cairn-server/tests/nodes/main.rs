@@ -8,6 +8,7 @@
 mod abuse;
 mod bank;
 mod cluster;
+mod credentials;
 mod disk;
 mod durability;
 mod exactly_once;

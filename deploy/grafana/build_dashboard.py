@@ -303,6 +303,27 @@ line(
     ),
 )
 
+row("TLS")
+line(
+    dict(
+        title="Certificate expires in",
+        description="Time until the certificate each node serves (and the client CA it trusts) expires. Renewed files reach a node within --tls-reload-secs; CairnCertificateExpiresSoon fires below 14 days. Empty without --tls-cert.",
+        targets=[(f"cairn_tls_certificate_expiry_timestamp_seconds{{{SEL}}} - time()", "{{instance}} {{certificate}}")],
+        unit="s",
+    ),
+    dict(
+        title="Certificate reloads",
+        description="Changed TLS files loaded, or failed (unusable: the last good certificate stays in use; the node logs why).",
+        targets=[(f"sum by (instance, result) (increase(cairn_tls_reloads_total{{{SEL}}}[1h]))", "{{instance}} {{result}}")],
+    ),
+    dict(
+        title="TLS handshake failures /s",
+        description="Handshakes that failed or timed out, per port: plaintext clients, untrusted or missing client certificates, scanners.",
+        targets=[(f"sum by (instance, port) (rate(cairn_tls_handshake_failures_total{{{SEL}}}[{RATE}]))", "{{instance}} {{port}}")],
+        unit="ops",
+    ),
+)
+
 
 # The operator's own series (cairn-operator's /metrics, its own scrape job): not filtered by
 # the node variables above; empty where the operator is not scraped.

@@ -10,7 +10,7 @@
 #   scripts/benchmark-tls.sh                 # 100k seed, 2 s warm-up, 10 s measured
 #   DURATION=20 TOPOLOGIES=single scripts/benchmark-tls.sh
 #
-# Needs release builds: make build (cairn, cairn-bench), and openssl.
+# Needs release builds: make build (cairn, cairn-bench), and openssl. Helpers: scripts/lib/bench-nodes.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,40 +20,16 @@ case "${1:-}" in
   *) echo "usage: $0 [--help]" >&2; exit 2 ;;
 esac
 
-target=${CARGO_TARGET_DIR:-target}
-cairn=${CAIRN_BIN:-$target/release/cairn}
-bench=${CAIRN_BENCH_BIN:-$target/release/cairn-bench}
 out=${OUT:-bench-results/tls-$(date -u +%Y%m%dT%H%M%SZ)}
 seed=${SEED:-100000}
 warmup=${WARMUP:-2}
 duration=${DURATION:-10}
 topologies=${TOPOLOGIES:-single cluster}
-for bin in "$cairn" "$bench"; do
-  [ -x "$bin" ] || { echo "no binary at $bin: run 'make build'" >&2; exit 1; }
-done
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+. scripts/lib/bench-nodes.sh
 
 pki=$(mktemp -d /var/tmp/cairn-bench-pki.XXXXXX)
 scripts/dev-certs.sh "$pki"
-
-pids=()
-work=""
-stop_nodes() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-  [ -n "$work" ] && rm -rf "$work"
-  work=""
-}
 trap 'stop_nodes; rm -rf "$pki"' EXIT
-
-wait_serving() { # log pid
-  until grep -q "cairn is serving" "$1"; do
-    kill -0 "$2" 2>/dev/null || { echo "a node exited; its log:" >&2; cat "$1" >&2; exit 1; }
-    sleep 0.2
-  done
-}
 
 run=0
 # run_bench <topology> <transport> <endpoints>

@@ -17,10 +17,10 @@ usage() {
   echo
   echo "usage: $0 [--tls] [--help]   (env: CAIRN_BIN=path/to/cairn, CAIRN_CLUSTER_DIR=dir)"
 }
-tls=()
+use_tls=false
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
-  --tls) tls=(on) ;;
+  --tls) use_tls=true ;;
   "") ;;
   *) usage >&2; exit 2 ;;
 esac
@@ -37,7 +37,8 @@ if [ ! -s "$dir/secret" ]; then
 fi
 members="1=127.0.0.1:5006,2=127.0.0.1:5016,3=127.0.0.1:5026"
 scheme=""
-if [ ${#tls[@]} -gt 0 ]; then
+tls=()
+if $use_tls; then
   "$(dirname "$0")/dev-certs.sh" "$dir/tls"
   tls=(--tls-cert "$dir/tls/node.crt" --tls-key "$dir/tls/node.key")
   scheme="https://"

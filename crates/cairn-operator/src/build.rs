@@ -175,6 +175,14 @@ pub fn selector_labels(name: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// Selects the pods of Boundary `name`.
+fn pods_of(name: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(selector_labels(name)),
+        ..LabelSelector::default()
+    }
+}
+
 fn labels(name: &str, component: &str) -> BTreeMap<String, String> {
     let mut labels = selector_labels(name);
     labels.insert(COMPONENT_LABEL.into(), component.into());
@@ -260,10 +268,7 @@ fn network_policy(valid: &ValidBoundary, operator: &OperatorPods) -> NetworkPoli
         ..NetworkPolicyPort::default()
     };
     let boundary_pods = NetworkPolicyPeer {
-        pod_selector: Some(LabelSelector {
-            match_labels: Some(selector_labels(&valid.name)),
-            ..LabelSelector::default()
-        }),
+        pod_selector: Some(pods_of(&valid.name)),
         ..NetworkPolicyPeer::default()
     };
     let operator_pods = NetworkPolicyPeer {
@@ -283,10 +288,7 @@ fn network_policy(valid: &ValidBoundary, operator: &OperatorPods) -> NetworkPoli
     NetworkPolicy {
         metadata: metadata(valid, valid.name.clone(), "network-policy"),
         spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(selector_labels(&valid.name)),
-                ..LabelSelector::default()
-            }),
+            pod_selector: Some(pods_of(&valid.name)),
             policy_types: Some(vec!["Ingress".into()]),
             ingress: Some(vec![
                 NetworkPolicyIngressRule {
@@ -544,10 +546,7 @@ fn default_affinity(valid: &ValidBoundary) -> Affinity {
                 WeightedPodAffinityTerm {
                     weight: 100,
                     pod_affinity_term: PodAffinityTerm {
-                        label_selector: Some(LabelSelector {
-                            match_labels: Some(selector_labels(&valid.name)),
-                            ..LabelSelector::default()
-                        }),
+                        label_selector: Some(pods_of(&valid.name)),
                         topology_key: "kubernetes.io/hostname".into(),
                         ..PodAffinityTerm::default()
                     },
@@ -633,10 +632,7 @@ fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities, pods: i32) ->
                 type_: Some("RollingUpdate".into()),
                 ..StatefulSetUpdateStrategy::default()
             }),
-            selector: LabelSelector {
-                match_labels: Some(selector_labels(&valid.name)),
-                ..LabelSelector::default()
-            },
+            selector: pods_of(&valid.name),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels(&valid.name, "node")),
@@ -660,10 +656,7 @@ fn pod_disruption_budget(valid: &ValidBoundary) -> PodDisruptionBudget {
         metadata: metadata(valid, valid.name.clone(), "node"),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(max_unavailable)),
-            selector: Some(LabelSelector {
-                match_labels: Some(selector_labels(&valid.name)),
-                ..LabelSelector::default()
-            }),
+            selector: Some(pods_of(&valid.name)),
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()

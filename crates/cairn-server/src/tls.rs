@@ -92,6 +92,16 @@ pub enum TlsError {
     Config(#[from] rustls::Error),
 }
 
+impl TlsError {
+    fn invalid(what: &'static str, path: &Path, detail: impl Into<String>) -> TlsError {
+        TlsError::Invalid {
+            what,
+            path: path.to_path_buf(),
+            detail: detail.into(),
+        }
+    }
+}
+
 /// The files' bytes as last read: a reload happens when they differ.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FileBytes {
@@ -145,25 +155,22 @@ fn certificates(
     path: &Path,
     pem: &[u8],
 ) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let invalid = |detail: String| TlsError::Invalid {
-        what,
-        path: path.to_path_buf(),
-        detail,
-    };
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(format!("not a PEM certificate file: {e}")))?;
+        .map_err(|e| TlsError::invalid(what, path, format!("not a PEM certificate file: {e}")))?;
     if certs.is_empty() {
-        return Err(invalid("holds no PEM certificate".into()));
+        return Err(TlsError::invalid(what, path, "holds no PEM certificate"));
     }
     Ok(certs)
 }
 
 fn not_after(what: &'static str, path: &Path, cert: &[u8]) -> Result<i64, TlsError> {
-    der::not_after(cert).ok_or_else(|| TlsError::Invalid {
-        what,
-        path: path.to_path_buf(),
-        detail: "holds a certificate that is not valid X.509 DER".into(),
+    der::not_after(cert).ok_or_else(|| {
+        TlsError::invalid(
+            what,
+            path,
+            "holds a certificate that is not valid X.509 DER",
+        )
     })
 }
 
@@ -178,20 +185,18 @@ impl Material {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let chain = certificates("--tls-cert", &files.cert, &bytes.cert)?;
         let serving_not_after = not_after("--tls-cert", &files.cert, &chain[0])?;
-        let key = PrivateKeyDer::from_pem_slice(&bytes.key).map_err(|e| TlsError::Invalid {
-            what: "--tls-key",
-            path: files.key.clone(),
-            detail: format!("holds no PEM private key: {e}"),
+        let key = PrivateKeyDer::from_pem_slice(&bytes.key).map_err(|e| {
+            TlsError::invalid(
+                "--tls-key",
+                &files.key,
+                format!("holds no PEM private key: {e}"),
+            )
         })?;
-        let certified =
-            CertifiedKey::from_der(chain, key, &provider).map_err(|e| TlsError::Invalid {
-                what: "--tls-key",
-                path: files.key.clone(),
-                detail: format!(
-                    "does not go with the certificate in {}: {e}",
-                    files.cert.display()
-                ),
-            })?;
+        let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+            let cert = files.cert.display();
+            let detail = format!("does not go with the certificate in {cert}: {e}");
+            TlsError::invalid("--tls-key", &files.key, detail)
+        })?;
         let (client_verifier, client_ca_not_after) = match (&files.client_ca, &bytes.client_ca) {
             (Some(path), Some(pem)) => {
                 let cas = certificates("--tls-client-ca", path, pem)?;
@@ -199,20 +204,16 @@ impl Material {
                 let mut first_expiry = i64::MAX;
                 for ca in cas {
                     first_expiry = first_expiry.min(not_after("--tls-client-ca", path, &ca)?);
-                    roots.add(ca).map_err(|e| TlsError::Invalid {
-                        what: "--tls-client-ca",
-                        path: path.clone(),
-                        detail: format!("holds a certificate that cannot be a trust anchor: {e}"),
+                    roots.add(ca).map_err(|e| {
+                        let detail =
+                            format!("holds a certificate that cannot be a trust anchor: {e}");
+                        TlsError::invalid("--tls-client-ca", path, detail)
                     })?;
                 }
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                         .build()
-                        .map_err(|e| TlsError::Invalid {
-                            what: "--tls-client-ca",
-                            path: path.clone(),
-                            detail: e.to_string(),
-                        })?;
+                        .map_err(|e| TlsError::invalid("--tls-client-ca", path, e.to_string()))?;
                 (Some(verifier), Some(first_expiry))
             }
             _ => (None, None),

@@ -48,13 +48,7 @@ async fn a1_basic_login_returns_a_session_token_that_authenticates_and_slides() 
         .ping(pb::PingRequest {})
         .await
         .expect("basic works");
-    let token = response
-        .metadata()
-        .get("x-auth-token")
-        .expect("token header")
-        .to_str()
-        .expect("ascii")
-        .to_string();
+    let token = token_in(response.metadata());
     let mut with_token = server.client_with(Credentials::token(&token));
     let response = with_token
         .es
@@ -236,15 +230,7 @@ async fn a1_a_session_ends_at_its_maximum_age_however_busy_it_is() {
             .ping(pb::PingRequest {})
             .await
         {
-            Ok(response) => {
-                token = response
-                    .metadata()
-                    .get("x-auth-token")
-                    .expect("a fresh token")
-                    .to_str()
-                    .expect("ascii")
-                    .to_string();
-            }
+            Ok(response) => token = token_in(response.metadata()),
             Err(status) => break status,
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -341,15 +327,20 @@ async fn a2_an_exposed_first_start_refuses_the_default_admin_password() {
 }
 
 async fn token_of(server: &TestServer, user: &str, password: &str) -> String {
-    server
+    let response = server
         .client_with(Credentials::basic(user, password))
         .es
         .ping(pb::PingRequest {})
         .await
-        .expect("login")
-        .metadata()
+        .expect("login");
+    token_in(response.metadata())
+}
+
+/// The session token a response carries.
+fn token_in(metadata: &tonic::metadata::MetadataMap) -> String {
+    metadata
         .get("x-auth-token")
-        .expect("token")
+        .expect("a token header")
         .to_str()
         .expect("ascii")
         .to_string()

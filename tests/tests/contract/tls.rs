@@ -33,6 +33,44 @@ fn serve_tls(leaf: &Leaf, client_ca: Option<&Pki>, http: bool) -> impl FnOnce(&m
     }
 }
 
+/// A server on `leaf` (client certificates of `client_ca` required, when given), its
+/// clients connecting with `client`.
+async fn start_tls(
+    client: ClientTlsConfig,
+    leaf: &Leaf,
+    client_ca: Option<&Pki>,
+    http: bool,
+) -> TestServer {
+    let dir = tempfile::tempdir().expect("temp dir");
+    TestServer::start_over(dir, Some(client), serve_tls(leaf, client_ca, http)).await
+}
+
+/// A server that requires client certificates of `clients`; its test clients present
+/// `app`'s.
+struct MutualTls {
+    server: TestServer,
+    ca: Pki,
+    /// Holds the client CA's file for the server's reloads.
+    clients: Pki,
+    app: Leaf,
+}
+
+impl MutualTls {
+    async fn start() -> MutualTls {
+        let ca = Pki::new("cluster");
+        let clients = Pki::new("clients");
+        let leaf = ca.server("node", 90);
+        let app = clients.client("app", 30);
+        let server = start_tls(presenting(&ca, &app), &leaf, Some(&clients), false).await;
+        MutualTls {
+            server,
+            ca,
+            clients,
+            app,
+        }
+    }
+}
+
 fn trusting(ca: &Pki) -> ClientTlsConfig {
     ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca.ca_pem))
 }
@@ -95,9 +133,7 @@ const SERVING_EXPIRY: &str =
 async fn the_client_port_speaks_tls_only_once_it_has_a_certificate() {
     let ca = Pki::new("cluster");
     let leaf = ca.server("node", 90);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let server =
-        TestServer::start_over(dir, Some(trusting(&ca)), serve_tls(&leaf, None, false)).await;
+    let server = start_tls(trusting(&ca), &leaf, None, false).await;
 
     let mut c = server.client();
     c.save("default", vec![event("T", r#"{"n":1}"#)], vec![])
@@ -132,17 +168,12 @@ async fn the_client_port_speaks_tls_only_once_it_has_a_certificate() {
 
 #[tokio::test]
 async fn mutual_tls_admits_certificates_of_the_client_ca_and_still_asks_for_a_password() {
-    let ca = Pki::new("cluster");
-    let clients = Pki::new("clients");
-    let leaf = ca.server("node", 90);
-    let app = clients.client("app", 30);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let server = TestServer::start_over(
-        dir,
-        Some(presenting(&ca, &app)),
-        serve_tls(&leaf, Some(&clients), false),
-    )
-    .await;
+    let MutualTls {
+        server,
+        ca,
+        clients: _clients,
+        app: _,
+    } = MutualTls::start().await;
 
     let mut c = server.client();
     c.save("default", vec![event("T", r#"{"n":1}"#)], vec![])
@@ -174,9 +205,7 @@ async fn renewed_certificates_reach_new_connections_while_open_ones_keep_streami
     let old_ca = Pki::new("old");
     let new_ca = Pki::new("new");
     let leaf = old_ca.server("node", 90);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let server =
-        TestServer::start_over(dir, Some(trusting(&old_ca)), serve_tls(&leaf, None, false)).await;
+    let server = start_tls(trusting(&old_ca), &leaf, None, false).await;
     let mut c = server.client();
     c.save("default", vec![event("T", r#"{"n":1}"#)], vec![])
         .await
@@ -240,9 +269,7 @@ async fn next_event(stream: &mut tonic::codec::Streaming<pb::Event>) -> pb::Even
 async fn the_http_port_serves_tls_with_http_tls() {
     let ca = Pki::new("cluster");
     let leaf = ca.server("node", 90);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let server =
-        TestServer::start_over(dir, Some(trusting(&ca)), serve_tls(&leaf, None, true)).await;
+    let server = start_tls(trusting(&ca), &leaf, None, true).await;
 
     let response = https_get(server.http_addr, &ca, "/metrics").await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
@@ -280,17 +307,12 @@ async fn unusable_tls_files_stop_the_start_with_the_flag_named() {
 
 #[tokio::test]
 async fn cairn_client_connects_with_a_ca_and_a_client_certificate() {
-    let ca = Pki::new("cluster");
-    let clients = Pki::new("clients");
-    let leaf = ca.server("node", 90);
-    let app = clients.client("app", 30);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let server = TestServer::start_over(
-        dir,
-        Some(presenting(&ca, &app)),
-        serve_tls(&leaf, Some(&clients), false),
-    )
-    .await;
+    let MutualTls {
+        server,
+        ca,
+        clients: _clients,
+        app,
+    } = MutualTls::start().await;
     let config = cairn_client::ClientConfig::new([format!("https://{}", server.addr)])
         .credentials(ADMIN.0, ADMIN.1)
         .tls_ca_certificate(ca.ca_pem.clone());

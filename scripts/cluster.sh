@@ -8,12 +8,13 @@
 # Data and logs go to $CAIRN_CLUSTER_DIR (default ./cluster-data): node-N/ and node-N.log.
 # The cluster secret is generated once into $CAIRN_CLUSTER_DIR/secret. Ctrl-C stops every
 # node (SIGTERM, clean shutdown); running the script again restarts them on their data.
-# --tls: the client ports speak TLS with development certificates made once into
-# $CAIRN_CLUSTER_DIR/tls (scripts/dev-certs.sh); clients trust tls/ca.crt.
+# --tls: the client ports speak TLS and the peer ports mutual TLS, with development
+# certificates made once into $CAIRN_CLUSTER_DIR/tls (scripts/dev-certs.sh); clients trust
+# tls/ca.crt. (The three nodes share one host, so they share one certificate naming it.)
 set -euo pipefail
 
 usage() {
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
   echo
   echo "usage: $0 [--tls] [--help]   (env: CAIRN_BIN=path/to/cairn, CAIRN_CLUSTER_DIR=dir)"
 }
@@ -38,9 +39,13 @@ fi
 members="1=127.0.0.1:5006,2=127.0.0.1:5016,3=127.0.0.1:5026"
 scheme=""
 tls=()
+cli_tls=()
 if $use_tls; then
   "$(dirname "$0")/dev-certs.sh" "$dir/tls"
-  tls=(--tls-cert "$dir/tls/node.crt" --tls-key "$dir/tls/node.key")
+  tls=(--tls-cert "$dir/tls/node.crt" --tls-key "$dir/tls/node.key"
+       --peer-tls-cert "$dir/tls/node.crt" --peer-tls-key "$dir/tls/node.key"
+       --peer-tls-ca "$dir/tls/ca.crt")
+  cli_tls=(--tls-ca "$dir/tls/ca.crt" --tls-cert "$dir/tls/node.crt" --tls-key "$dir/tls/node.key")
   scheme="https://"
 fi
 
@@ -80,7 +85,7 @@ for id in 1 2 3; do
     sleep 0.2
   done
 done
-"$bin" cluster status --endpoint 127.0.0.1:5006 --cluster-secret-file "$dir/secret"
+"$bin" cluster status --endpoint 127.0.0.1:5006 --cluster-secret-file "$dir/secret" "${cli_tls[@]}"
 echo "clients: ${scheme}127.0.0.1:5005, ${scheme}127.0.0.1:5015, ${scheme}127.0.0.1:5025 (admin / changeit)"
 [ -n "$scheme" ] && echo "TLS: trust $dir/tls/ca.crt (grpcurl -cacert $dir/tls/ca.crt 127.0.0.1:5005 list)"
 echo "Ctrl-C stops"

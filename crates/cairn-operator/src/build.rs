@@ -324,6 +324,9 @@ fn config_map(valid: &ValidBoundary) -> ConfigMap {
             ),
             ("CAIRN_NODE_ID_FROM_HOSTNAME", "true".to_string()),
             ("CAIRN_LOG_FORMAT", "json".to_string()),
+            // The peer port listens on every interface; until `spec.tls` gives the pods
+            // certificates, its traffic is plaintext, confined by the NetworkPolicy.
+            ("CAIRN_ALLOW_PLAINTEXT_PEERS", "true".to_string()),
         ]
         .map(|(k, v)| (k.to_string(), v)),
     );

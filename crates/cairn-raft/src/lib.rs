@@ -28,7 +28,7 @@ pub use bootstrap::{
 pub use heads::HeadWatch;
 pub use log_store::LogStore;
 pub use network::{Network, NoPeers, PeerLink, PeerTransport, RpcResult};
-pub use node::{ClusterView, Member, RaftNode, Role};
+pub use node::{ClusterView, Member, MemberAddr, RaftNode, Role};
 pub use proposal::Proposal;
 pub use proposer::DEFAULT_MAX_INFLIGHT_BATCHES;
 pub use standing::Standing;

@@ -78,6 +78,17 @@ pub struct ClusterView {
     pub matched: BTreeMap<u64, u64>,
 }
 
+/// A node's place in the membership a node has seen, by [`RaftNode::member_addr`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberAddr {
+    /// A voter or learner, with its peer address.
+    Member(String),
+    /// Not in the membership.
+    NotAMember,
+    /// This node has seen no membership yet (it has still to form or join a group).
+    NoMembership,
+}
+
 /// A running Raft node with its store. Cheap to clone.
 #[derive(Clone)]
 pub struct RaftNode {
@@ -324,6 +335,21 @@ impl RaftNode {
             .membership()
             .get_node(&self.node_id)
             .is_some()
+    }
+
+    /// Where node `id` stands in the newest membership this node has seen (voters and
+    /// learners alike).
+    pub fn member_addr(&self, id: u64) -> MemberAddr {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        if membership.nodes().next().is_none() {
+            return MemberAddr::NoMembership;
+        }
+        match membership.get_node(&id) {
+            Some(node) => MemberAddr::Member(node.addr.clone()),
+            None => MemberAddr::NotAMember,
+        }
     }
 
     /// The id of the leader this node knows of (0: none), changing as leadership moves;

@@ -219,6 +219,31 @@ fn require_id_and_address(who: &str, id: u64, address: &str) -> Result<(), Error
     Ok(())
 }
 
+/// With peer TLS, a node is added at `address` only once it proved to be there: dialled
+/// at that address, it presented a certificate of the cluster CA naming its host (the TLS
+/// handshake checks both) and said it is node `id`. Without it, a holder of any
+/// certificate of the CA (or of another member's) could put an address of its choosing
+/// into the membership. Every node the request passes checks, the leader included.
+async fn proven(node: &NodeState, id: u64, address: &str) -> Result<(), Error> {
+    if node.config.cluster.as_ref().is_none_or(|c| c.tls.is_none()) {
+        return Ok(());
+    }
+    let status = node.peers.status(address).await.map_err(|status| {
+        Error::Unavailable(format!(
+            "node {id} cannot be added at {address}: dialled there, it did not answer with a \
+             certificate of the cluster CA naming that host: {}",
+            status.message()
+        ))
+    })?;
+    if status.node_id != id {
+        return Err(Error::FailedPrecondition(format!(
+            "node {id} cannot be added at {address}: the node there is node {}",
+            status.node_id
+        )));
+    }
+    Ok(())
+}
+
 /// Adds a learner (on the leader; elsewhere the call goes to the leader).
 pub async fn add_learner(
     node: &NodeState,
@@ -226,6 +251,7 @@ pub async fn add_learner(
     address: String,
 ) -> Result<pb::MembershipResponse, Error> {
     require_id_and_address("a learner", id, &address)?;
+    proven(node, id, &address).await?;
     change_membership(node, Change::AddLearner { id, address }).await
 }
 
@@ -242,6 +268,7 @@ pub async fn rejoin(
             "a node cannot carry out its own rejoin: ask another member",
         ));
     }
+    proven(node, id, &address).await?;
     change_membership(node, Change::Rejoin { id, address }).await
 }
 

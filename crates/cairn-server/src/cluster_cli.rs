@@ -33,6 +33,42 @@ pub struct ClusterArgs {
     #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE", global = true)]
     pub cluster_secret_file: Option<PathBuf>,
 
+    /// PEM certificate of the cluster's CA: speak mutual TLS to a peer port that serves
+    /// it (the nodes' --peer-tls-ca). Inside a node's pod the node's own variables apply.
+    #[arg(long, alias = "peer-tls-ca", env = "CAIRN_PEER_TLS_CA", global = true, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+
+    /// PEM certificate this command presents, issued by the cluster's CA (a node's peer
+    /// certificate will do: peer ports take only certificates of their CA).
+    #[arg(
+        long,
+        alias = "peer-tls-cert",
+        env = "CAIRN_PEER_TLS_CERT",
+        global = true,
+        requires = "tls_ca"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(
+        long,
+        alias = "peer-tls-key",
+        env = "CAIRN_PEER_TLS_KEY",
+        global = true,
+        requires = "tls_ca"
+    )]
+    pub tls_key: Option<PathBuf>,
+
+    /// Name the endpoint's certificate must carry, when it is not the --endpoint host (a
+    /// node's DNS name when reaching it at 127.0.0.1).
+    #[arg(
+        long,
+        env = "CAIRN_TLS_SERVER_NAME",
+        global = true,
+        requires = "tls_ca"
+    )]
+    pub tls_server_name: Option<String>,
+
     /// Print one JSON object instead of text.
     #[arg(long, env = "CAIRN_OUTPUT_JSON", global = true)]
     pub json: bool,
@@ -81,6 +117,28 @@ pub enum ClusterAction {
     },
 }
 
+/// The TLS of `--tls-ca`, `--tls-cert`, `--tls-key`, `--tls-server-name`.
+fn dial_tls(args: &ClusterArgs) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
+    let (Some(ca), Some(cert), Some(key)) = (&args.tls_ca, &args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read(path).with_context(|| format!("failed to read {flag} {}", path.display()))
+    };
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(read(
+            "--tls-ca", ca,
+        )?))
+        .identity(tonic::transport::Identity::from_pem(
+            read("--tls-cert", cert)?,
+            read("--tls-key", key)?,
+        ));
+    if let Some(name) = &args.tls_server_name {
+        tls = tls.domain_name(name.clone());
+    }
+    Ok(Some(tls))
+}
+
 fn describe(status: &tonic::Status) -> String {
     format!("{:?}: {}", status.code(), status.message())
 }
@@ -92,12 +150,24 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         args.cluster_secret_file.as_deref(),
     )?
     .context("the cluster API needs --cluster-secret or --cluster-secret-file")?;
-    let peers = PeerClient::new(Some(&secret), None).map_err(anyhow::Error::msg)?;
+    let mut peers = PeerClient::new(Some(&secret), None).map_err(anyhow::Error::msg)?;
+    if let Some(tls) = dial_tls(&args)? {
+        peers = peers.with_fixed_tls(tls);
+    }
     let endpoint = &args.endpoint;
     let mut client = peers
         .cluster(endpoint)
         .map_err(|s| anyhow::anyhow!("{}", describe(&s)))?;
-    let failed = |s: tonic::Status| anyhow::anyhow!("{endpoint}: {}", describe(&s));
+    let plaintext = args.tls_ca.is_none();
+    let failed = |s: tonic::Status| {
+        // A plaintext call to a TLS port fails in HTTP/2 framing, which says nothing of TLS.
+        let hint = if plaintext && s.message().contains("h2 protocol error") {
+            " (if its peer port speaks TLS, pass --tls-ca, --tls-cert and --tls-key)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("{endpoint}: {}{hint}", describe(&s))
+    };
     match args.action {
         ClusterAction::Status => {
             let status = client

@@ -207,6 +207,30 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
 
+    /// PEM certificate chain (leaf first) of this node on the peer port: it serves it, and
+    /// presents it as its client certificate when it dials peers. Its SANs must name the
+    /// host of --advertise-addr: peers accept Raft messages claiming to come from this
+    /// node only with a certificate that names its advertised host. With --peer-tls-key
+    /// and --peer-tls-ca the peer port speaks only mutual TLS. Re-read every
+    /// --tls-reload-secs.
+    #[arg(long, env = "CAIRN_PEER_TLS_CERT", requires_all = ["peer_tls_key", "peer_tls_ca"])]
+    pub peer_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --peer-tls-cert.
+    #[arg(long, env = "CAIRN_PEER_TLS_KEY", requires = "peer_tls_cert")]
+    pub peer_tls_key: Option<PathBuf>,
+
+    /// PEM certificate of the cluster's CA: every peer's certificate (as server and as
+    /// client) must chain to it.
+    #[arg(long, env = "CAIRN_PEER_TLS_CA", requires = "peer_tls_cert")]
+    pub peer_tls_ca: Option<PathBuf>,
+
+    /// Let a cluster member whose peer port is not loopback-only run its peer traffic in
+    /// plaintext (no --peer-tls-cert). Development only: the cluster secret, every event
+    /// and every password hash then cross the network readable by anyone on the path.
+    #[arg(long, env = "CAIRN_ALLOW_PLAINTEXT_PEERS")]
+    pub allow_plaintext_peers: bool,
+
     /// Raft leader heartbeat interval in milliseconds.
     #[arg(long, env = "CAIRN_RAFT_HEARTBEAT_MS", default_value_t = defaults::RAFT_HEARTBEAT_MS)]
     pub raft_heartbeat_ms: u64,
@@ -503,6 +527,19 @@ pub struct ClusterConfig {
     pub membership: Membership,
     /// Shared secret of peer calls.
     pub secret: String,
+    /// Mutual TLS of the peer port and of the calls to peers; `None`: plaintext.
+    pub tls: Option<PeerTls>,
+}
+
+/// The peer port's mutual TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerTls {
+    /// This node's certificate and key, and the cluster CA (`client_ca`).
+    pub files: crate::tls::TlsFiles,
+    /// Interval between checks of the files for a renewal.
+    pub reload_interval: Duration,
+    /// Time a peer has to complete its handshake.
+    pub handshake_timeout: Duration,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -511,6 +548,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("peer_listen", &self.peer_listen)
             .field("membership", &self.membership)
             .field("secret", &"<redacted>")
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -569,6 +607,12 @@ pub fn cluster_secret(
 }
 
 /// A peer address must be `host:port` with a port.
+/// The host of a peer address `host:port` (an IPv6 host keeps its brackets); the whole
+/// text when it has no port.
+pub fn peer_host(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(host, _)| host)
+}
+
 fn validate_peer_addr(addr: &str) -> Result<(), String> {
     let (host, port) = addr
         .rsplit_once(':')
@@ -746,6 +790,7 @@ impl ServeArgs {
         let tls = match (self.tls_cert, self.tls_key) {
             (Some(cert), Some(key)) => Some(crate::tls::TlsConfig {
                 files: crate::tls::TlsFiles {
+                    role: crate::tls::TlsRole::Client,
                     cert,
                     key,
                     client_ca: self.tls_client_ca,
@@ -831,6 +876,7 @@ impl ServeArgs {
                     ("--peer-listen", self.peer_listen.is_some()),
                     ("--cluster-secret", self.cluster_secret.is_some()),
                     ("--cluster-secret-file", self.cluster_secret_file.is_some()),
+                    ("--peer-tls-cert", self.peer_tls_cert.is_some()),
                 ] {
                     if set {
                         return Err(ConfigError(format!(
@@ -889,11 +935,39 @@ impl ServeArgs {
                 .parse()
                 .map_err(|e| ConfigError(format!("bad default peer address: {e}")))?,
         };
+        let tls = match (&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(PeerTls {
+                files: crate::tls::TlsFiles {
+                    role: crate::tls::TlsRole::Peer,
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: Some(ca.clone()),
+                },
+                reload_interval: Duration::from_secs(self.tls_reload_secs),
+                handshake_timeout: Duration::from_secs(self.tls_handshake_timeout_secs),
+            }),
+            (None, None, None) => None,
+            _ => {
+                return Err(ConfigError(
+                    "--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together".into(),
+                ));
+            }
+        };
+        if tls.is_none() && !peer_listen.ip().is_loopback() && !self.allow_plaintext_peers {
+            return Err(ConfigError(format!(
+                "the peer port {peer_listen} is reachable from other machines, and peer traffic \
+                 carries the cluster secret, every event and the users' password hashes: give \
+                 it mutual TLS (--peer-tls-cert, --peer-tls-key, --peer-tls-ca; see \
+                 docs/security.md#peer-tls), listen on loopback (--peer-listen 127.0.0.1:5006), \
+                 or pass --allow-plaintext-peers on a development machine"
+            )));
+        }
         Ok((
             Some(ClusterConfig {
                 peer_listen,
                 membership,
                 secret,
+                tls,
             }),
             Some(advertise_addr),
         ))
@@ -1126,9 +1200,48 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_port_off_loopback_needs_peer_tls() {
+        let cluster = ["--initial-members", "1=a:5006", "--cluster-secret", SECRET];
+        let err = parse(&cluster).expect_err("plaintext on 0.0.0.0");
+        assert!(
+            err.contains("--peer-tls-cert") && err.contains("--allow-plaintext-peers"),
+            "{err}"
+        );
+        let on = |extra: &[&str]| parse(&[&cluster[..], extra].concat());
+        let loopback = on(&["--peer-listen", "127.0.0.1:5006"]).expect("loopback");
+        assert_eq!(loopback.cluster.expect("clustered").tls, None);
+        on(&["--allow-plaintext-peers"]).expect("allowed for development");
+        let tls = [
+            "--peer-tls-cert",
+            "n.crt",
+            "--peer-tls-key",
+            "n.key",
+            "--peer-tls-ca",
+            "ca.crt",
+        ];
+        let peer = on(&tls)
+            .expect("mutual TLS")
+            .cluster
+            .expect("clustered")
+            .tls
+            .expect("on");
+        assert_eq!(peer.files.role, crate::tls::TlsRole::Peer);
+        assert_eq!(peer.files.client_ca, Some(PathBuf::from("ca.crt")));
+        for partial in [&tls[..4], &tls[2..], &[tls[0], tls[1], tls[4], tls[5]][..]] {
+            assert!(on(partial).is_err(), "{partial:?} alone");
+        }
+        let alone = parse(&tls).expect_err("peer TLS without a cluster");
+        assert!(
+            alone.contains("needs --initial-members or --join"),
+            "{alone}"
+        );
+    }
+
+    #[test]
     fn initial_members_form_a_cluster() {
         let members = "1=a:5006,2=b:5006,3=c:5006";
         let c = parse(&[
+            "--allow-plaintext-peers",
             "--node-id",
             "2",
             "--initial-members",
@@ -1147,6 +1260,7 @@ mod tests {
         assert_eq!(m[&3], "c:5006");
         // This node must be a member, with its own address.
         let err = parse(&[
+            "--allow-plaintext-peers",
             "--node-id",
             "4",
             "--initial-members",
@@ -1158,6 +1272,7 @@ mod tests {
         assert!(err.contains("no entry for this node"), "{err}");
         // ... unless it says where peers reach it: then it joins through the members.
         let c = parse(&[
+            "--allow-plaintext-peers",
             "--node-id",
             "4",
             "--initial-members",
@@ -1173,6 +1288,7 @@ mod tests {
             Membership::Join(vec!["a:5006".into(), "b:5006".into(), "c:5006".into()])
         );
         let err = parse(&[
+            "--allow-plaintext-peers",
             "--node-id",
             "1",
             "--initial-members",
@@ -1225,6 +1341,7 @@ mod tests {
     #[test]
     fn joining_needs_an_advertised_address() {
         let err = parse(&[
+            "--allow-plaintext-peers",
             "--node-id",
             "4",
             "--join",
@@ -1235,6 +1352,7 @@ mod tests {
         .expect_err("no advertise");
         assert!(err.contains("--advertise-addr"), "{err}");
         let c = parse(&[
+            "--allow-plaintext-peers",
             "--node-id",
             "4",
             "--join",
@@ -1258,6 +1376,7 @@ mod tests {
         let path = dir.path().join("secret");
         std::fs::write(&path, format!("{SECRET}\n")).expect("write");
         let c = parse(&[
+            "--allow-plaintext-peers",
             "--initial-members",
             "1=a:5006",
             "--cluster-secret-file",
@@ -1266,6 +1385,7 @@ mod tests {
         .expect("valid");
         assert_eq!(c.cluster.expect("clustered").secret, SECRET);
         let err = parse(&[
+            "--allow-plaintext-peers",
             "--initial-members",
             "1=a:5006",
             "--cluster-secret-file",

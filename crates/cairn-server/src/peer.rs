@@ -16,7 +16,7 @@ use cairn_proto::cairn_v1 as pb;
 use cairn_proto::cairn_v1::cluster_client::ClusterClient;
 use cairn_proto::cairn_v1::raft_client::RaftClient;
 use cairn_raft::codec::{decode, decode_append_entries, encode, encode_append_entries};
-use cairn_raft::{PeerTransport, RaftError as CairnRaftError, RpcResult, TypeConfig};
+use cairn_raft::{MemberAddr, PeerTransport, RaftError as CairnRaftError, RpcResult, TypeConfig};
 use futures::future::BoxFuture;
 use openraft::BasicNode;
 use openraft::error::{
@@ -29,14 +29,18 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
 use crate::forward::{ForwardStreams, ForwardedReplies, StreamError};
+use crate::listeners::ConnectionInfo;
 use crate::state::NodeState;
+use crate::tls::Material;
 use cairn_proto::CLUSTER_SECRET_HEADER as SECRET_HEADER;
+use rustls_pki_types::CertificateDer;
 
 /// Largest peer message, either way. A Raft entry holds at most 8 MiB of commands; an
 /// AppendEntries over this size is split by openraft (we answer `PayloadTooLarge`).
@@ -66,11 +70,43 @@ pub enum ForwardReply {
 /// The node the peer services work on, set once storage and Raft are up.
 pub type PeerReady = Arc<OnceLock<Arc<NodeState>>>;
 
+/// The channels to peers, and the TLS they were made with.
+#[derive(Default)]
+struct Channels {
+    by_addr: HashMap<String, Channel>,
+    tls: Option<DialTls>,
+}
+
+/// The TLS peers are dialled with.
+struct DialTls {
+    config: ClientTlsConfig,
+    /// The node's certificate material, watched for renewals (`None`: fixed, as for
+    /// `cairn cluster`).
+    renewals: Option<watch::Receiver<Arc<Material>>>,
+}
+
+impl Channels {
+    /// The TLS for a new channel. After a renewal the cached channels are dropped, so the
+    /// next call to each peer dials it with the new certificate; calls and forwarding
+    /// streams in progress finish on the connection they have.
+    fn current_tls(&mut self) -> Option<ClientTlsConfig> {
+        let tls = self.tls.as_mut()?;
+        if let Some(material) = &mut tls.renewals
+            && material.has_changed().unwrap_or(false)
+            && let Some(renewed) = material.borrow_and_update().peer_client_tls()
+        {
+            tls.config = renewed;
+            self.by_addr.clear();
+        }
+        Some(tls.config.clone())
+    }
+}
+
 /// Client of other nodes' peer ports; openraft's transport.
 pub struct PeerClient {
     secret: Option<MetadataValue<tonic::metadata::Ascii>>,
     local_ip: Option<IpAddr>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<Channels>,
     streams: ForwardStreams,
     snapshot_chunks_sent: Option<prometheus::IntCounter>,
     /// How long a forwarded write waits for the leader's answer.
@@ -98,11 +134,34 @@ impl PeerClient {
         Ok(PeerClient {
             secret,
             local_ip,
-            channels: Mutex::new(HashMap::new()),
+            channels: Mutex::new(Channels::default()),
             streams: ForwardStreams::default(),
             snapshot_chunks_sent: None,
             forward_timeout: CLUSTER_CALL_TIMEOUT,
         })
+    }
+
+    /// Dials peers with mutual TLS from `material` (its CA verifies them, its certificate
+    /// is ours); `None`: plaintext.
+    pub fn with_tls(self, material: Option<watch::Receiver<Arc<Material>>>) -> Self {
+        let tls = material.and_then(|mut material| {
+            let config = material.borrow_and_update().peer_client_tls()?;
+            Some(DialTls {
+                config,
+                renewals: Some(material),
+            })
+        });
+        self.channels.lock().unwrap_or_else(|p| p.into_inner()).tls = tls;
+        self
+    }
+
+    /// Dials peers with `config` (`cairn cluster`).
+    pub fn with_fixed_tls(self, config: ClientTlsConfig) -> Self {
+        self.channels.lock().unwrap_or_else(|p| p.into_inner()).tls = Some(DialTls {
+            config,
+            renewals: None,
+        });
+        self
     }
 
     /// Waits `timeout` for the leader's answer to a forwarded write (default
@@ -127,18 +186,27 @@ impl PeerClient {
     /// The (lazily connecting, shared) channel to `addr`.
     fn channel(&self, addr: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(channel) = channels.get(addr) {
+        let tls = channels.current_tls();
+        if let Some(channel) = channels.by_addr.get(addr) {
             return Ok(channel.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| Status::invalid_argument(format!("bad peer address {addr:?}: {e}")))?
+        let bad = |e: &dyn std::fmt::Display| {
+            Status::invalid_argument(format!("bad peer address {addr:?}: {e}"))
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint =
+            Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(|e| bad(&e))?;
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).map_err(|e| bad(&e))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .local_address(self.local_ip)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
         let channel = endpoint.connect_lazy();
-        channels.insert(addr.to_string(), channel.clone());
+        channels.by_addr.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
 
@@ -428,6 +496,68 @@ fn not_voting(node: &NodeState) -> Status {
     ))
 }
 
+fn denied<T>(why: String) -> Result<T, Status> {
+    Err(cairn_proto::to_status(cairn_core::Error::PermissionDenied(
+        why,
+    )))
+}
+
+/// The certificate a peer call's connection presented, when the peer port has TLS (it
+/// chained to the cluster CA in the handshake); `Ok(None)` when the port is plaintext.
+fn peer_certificate<'c>(
+    node: &NodeState,
+    connection: Option<&'c ConnectionInfo>,
+) -> Result<Option<&'c CertificateDer<'static>>, Status> {
+    if node.config.cluster.as_ref().is_none_or(|c| c.tls.is_none()) {
+        return Ok(None);
+    }
+    match connection
+        .and_then(|c| c.client_certificates.as_ref())
+        .and_then(|chain| chain.first())
+    {
+        Some(leaf) => Ok(Some(leaf)),
+        None => denied("peer calls need a certificate of the cluster CA".to_string()),
+    }
+}
+
+/// With peer TLS, a Raft message is taken only from the member it claims to come from: the
+/// certificate must name the host of that member's peer address, as a server certificate
+/// names the host its clients dial. A node that has seen no membership yet (it is still
+/// forming or joining) looks the member up in its --initial-members; one that knows
+/// neither takes any certificate of the cluster CA, which is what a group it is about to
+/// join presents.
+fn check_claim(
+    node: &NodeState,
+    connection: Option<&ConnectionInfo>,
+    claimed: Option<u64>,
+) -> Result<(), Status> {
+    let Some(leaf) = peer_certificate(node, connection)? else {
+        return Ok(());
+    };
+    let Some(claimed) = claimed else {
+        return denied("a raft message must name the member it comes from".to_string());
+    };
+    let initial = || match node.config.cluster.as_ref().map(|c| &c.membership) {
+        Some(crate::config::Membership::Initial(members)) => members.get(&claimed).cloned(),
+        _ => None,
+    };
+    let addr = match node.raft.member_addr(claimed) {
+        MemberAddr::Member(addr) => addr,
+        MemberAddr::NotAMember => {
+            return denied(format!("node {claimed} is not a member of this group"));
+        }
+        MemberAddr::NoMembership => match initial() {
+            Some(addr) => addr,
+            None => return Ok(()),
+        },
+    };
+    crate::tls::certificate_names(leaf, crate::config::peer_host(&addr)).or_else(|why| {
+        denied(format!(
+            "the peer's certificate does not name node {claimed}, whose address is {addr}: {why}"
+        ))
+    })
+}
+
 fn node_of(ready: &PeerReady) -> Result<Arc<NodeState>, Status> {
     ready.get().cloned().ok_or_else(starting)
 }
@@ -471,7 +601,9 @@ impl pb::raft_server::Raft for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
+        let connection = request.extensions().get::<ConnectionInfo>().cloned();
         let rpc = decoded_with(request, decode_append_entries)?;
+        check_claim(&node, connection.as_ref(), rpc.vote.leader_id().voted_for())?;
         payload(&node.raft.raft().append_entries(rpc).await)
     }
 
@@ -480,7 +612,9 @@ impl pb::raft_server::Raft for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
+        let connection = request.extensions().get::<ConnectionInfo>().cloned();
         let rpc: VoteRequest<u64> = decoded(request)?;
+        check_claim(&node, connection.as_ref(), rpc.vote.leader_id().voted_for())?;
         if !node
             .raft
             .may_vote_for(rpc.vote.leader_id().voted_for().unwrap_or(0))
@@ -495,7 +629,9 @@ impl pb::raft_server::Raft for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
+        let connection = request.extensions().get::<ConnectionInfo>().cloned();
         let rpc: InstallSnapshotRequest<TypeConfig> = decoded(request)?;
+        check_claim(&node, connection.as_ref(), rpc.vote.leader_id().voted_for())?;
         // The id becomes a file name (review M4).
         if !cairn_raft::valid_snapshot_id(&rpc.meta.snapshot_id) {
             return Err(Status::invalid_argument(format!(

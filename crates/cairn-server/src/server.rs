@@ -227,6 +227,7 @@ struct PeerServer {
 fn spawn_peer_server(
     listener: TcpListener,
     secret: &str,
+    tls: Option<TlsPort>,
     ready: PeerReady,
     limits: &ConnectionLimits,
     metrics: &Metrics,
@@ -245,12 +246,18 @@ fn spawn_peer_server(
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES),
         check,
     );
-    let acceptor = Acceptor::new(
+    let mut acceptor = Acceptor::new(
         listener,
         "peer",
         limits.max_peer_connections,
         Some(metrics.connections_refused.with_label_values(&["peer"])),
     );
+    if let Some(tls) = tls {
+        acceptor = acceptor.with_tls(
+            tls,
+            Some(metrics.tls_handshake_failures.with_label_values(&["peer"])),
+        );
+    }
     let task = tokio::spawn(
         grpc_server(limits)
             .add_service(raft)
@@ -296,7 +303,25 @@ struct ClientTls {
     handshake_timeout: std::time::Duration,
 }
 
-/// Loads the TLS files (a start-up error when they cannot be used) and starts their reloader.
+/// Loads certificate files (a start-up error when they cannot be used) and starts their
+/// reloader.
+fn watched_tls(
+    files: &crate::tls::TlsFiles,
+    reload_interval: std::time::Duration,
+    metrics: &Metrics,
+) -> Result<tokio::sync::watch::Receiver<Arc<crate::tls::Material>>, crate::tls::TlsError> {
+    let material = crate::tls::Material::load(files)?;
+    Ok(crate::tls::spawn_reloader(
+        files.clone(),
+        material,
+        reload_interval,
+        crate::tls::TlsMetrics {
+            expiry: metrics.tls_certificate_expiry.clone(),
+            reloads: metrics.tls_reloads.clone(),
+        },
+    ))
+}
+
 fn client_tls(
     config: Option<&crate::tls::TlsConfig>,
     metrics: &Metrics,
@@ -304,18 +329,8 @@ fn client_tls(
     let Some(config) = config else {
         return Ok(None);
     };
-    let material = crate::tls::Material::load(&config.files)?;
-    let material = crate::tls::spawn_reloader(
-        config.files.clone(),
-        material,
-        config.reload_interval,
-        crate::tls::TlsMetrics {
-            expiry: metrics.tls_certificate_expiry.clone(),
-            reloads: metrics.tls_reloads.clone(),
-        },
-    );
     Ok(Some(ClientTls {
-        material,
+        material: watched_tls(&config.files, config.reload_interval, metrics)?,
         http: config.http,
         handshake_timeout: config.handshake_timeout,
     }))
@@ -399,6 +414,22 @@ async fn serve_on(
 
     let limits = config.connection_limits;
     let tls = client_tls(config.tls.as_ref(), &metrics)?;
+    let peer_tls = match config.cluster.as_ref().and_then(|c| c.tls.as_ref()) {
+        Some(peer) => Some((
+            watched_tls(&peer.files, peer.reload_interval, &metrics)?,
+            peer.handshake_timeout,
+        )),
+        None => None,
+    };
+    let peer_port_tls = match &peer_tls {
+        Some((material, handshake_timeout)) => Some(TlsPort::new(
+            material.clone(),
+            crate::tls::ALPN_GRPC,
+            true,
+            *handshake_timeout,
+        )?),
+        None => None,
+    };
     let grpc_stop = CancellationToken::new();
     let mut client_acceptor = Acceptor::new(
         grpc_listener,
@@ -487,6 +518,7 @@ async fn serve_on(
         (Some(cluster), Some(listener)) => Some(spawn_peer_server(
             listener,
             &cluster.secret,
+            peer_port_tls,
             peer_ready.clone(),
             &limits,
             &metrics,
@@ -505,6 +537,7 @@ async fn serve_on(
                 let peers = Arc::new(
                     PeerClient::new(Some(&cluster.secret), local_ip)
                         .map_err(ServerError::Secret)?
+                        .with_tls(peer_tls.as_ref().map(|(material, _)| material.clone()))
                         .counting_snapshot_chunks(metrics.snapshot_chunks_sent.clone())
                         .counting_forward_messages(metrics.forward_message_writes.clone())
                         .forwarding_within(config.forward_timeout()),

@@ -38,9 +38,53 @@ pub const ALPN_GRPC: &[&[u8]] = &[b"h2"];
 /// ALPN of the HTTP port (/metrics, probes): HTTP/1.1 only.
 pub const ALPN_HTTP: &[&[u8]] = &[b"http/1.1"];
 
+/// Which of a node's two certificate sets a [`TlsFiles`] is: it names the flags in errors
+/// and the certificates in the expiry metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsRole {
+    /// The client port's (and HTTP port's): `--tls-*`.
+    Client,
+    /// The peer port's, which is also the identity the node dials peers with:
+    /// `--peer-tls-*`.
+    Peer,
+}
+
+impl TlsRole {
+    fn cert_flag(self) -> &'static str {
+        match self {
+            TlsRole::Client => "--tls-cert",
+            TlsRole::Peer => "--peer-tls-cert",
+        }
+    }
+
+    fn key_flag(self) -> &'static str {
+        match self {
+            TlsRole::Client => "--tls-key",
+            TlsRole::Peer => "--peer-tls-key",
+        }
+    }
+
+    fn ca_flag(self) -> &'static str {
+        match self {
+            TlsRole::Client => "--tls-client-ca",
+            TlsRole::Peer => "--peer-tls-ca",
+        }
+    }
+
+    /// `certificate` label values of the expiry gauge: the leaf, the CA.
+    fn expiry_labels(self) -> (&'static str, &'static str) {
+        match self {
+            TlsRole::Client => ("serving", "client_ca"),
+            TlsRole::Peer => ("peer", "peer_ca"),
+        }
+    }
+}
+
 /// Where a node's certificate material lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
+    /// Which set this is.
+    pub role: TlsRole,
     /// PEM certificate chain, leaf first.
     pub cert: PathBuf,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1).
@@ -112,6 +156,7 @@ struct FileBytes {
 
 /// One loaded certificate, key and client CA, ready for handshakes.
 pub struct Material {
+    role: TlsRole,
     bytes: FileBytes,
     provider: Arc<CryptoProvider>,
     certified: Arc<CertifiedKey>,
@@ -141,10 +186,10 @@ fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
 
 fn read_files(files: &TlsFiles) -> Result<FileBytes, TlsError> {
     Ok(FileBytes {
-        cert: read("--tls-cert", &files.cert)?,
-        key: read("--tls-key", &files.key)?,
+        cert: read(files.role.cert_flag(), &files.cert)?,
+        key: read(files.role.key_flag(), &files.key)?,
         client_ca: match &files.client_ca {
-            Some(path) => Some(read("--tls-client-ca", path)?),
+            Some(path) => Some(read(files.role.ca_flag(), path)?),
             None => None,
         },
     })
@@ -183,11 +228,16 @@ impl Material {
 
     fn parse(files: &TlsFiles, bytes: FileBytes) -> Result<Material, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let chain = certificates("--tls-cert", &files.cert, &bytes.cert)?;
-        let serving_not_after = not_after("--tls-cert", &files.cert, &chain[0])?;
+        let (cert_flag, key_flag, ca_flag) = (
+            files.role.cert_flag(),
+            files.role.key_flag(),
+            files.role.ca_flag(),
+        );
+        let chain = certificates(cert_flag, &files.cert, &bytes.cert)?;
+        let serving_not_after = not_after(cert_flag, &files.cert, &chain[0])?;
         let key = PrivateKeyDer::from_pem_slice(&bytes.key).map_err(|e| {
             TlsError::invalid(
-                "--tls-key",
+                key_flag,
                 &files.key,
                 format!("holds no PEM private key: {e}"),
             )
@@ -195,30 +245,31 @@ impl Material {
         let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
             let cert = files.cert.display();
             let detail = format!("does not go with the certificate in {cert}: {e}");
-            TlsError::invalid("--tls-key", &files.key, detail)
+            TlsError::invalid(key_flag, &files.key, detail)
         })?;
         let (client_verifier, client_ca_not_after) = match (&files.client_ca, &bytes.client_ca) {
             (Some(path), Some(pem)) => {
-                let cas = certificates("--tls-client-ca", path, pem)?;
+                let cas = certificates(ca_flag, path, pem)?;
                 let mut roots = RootCertStore::empty();
                 let mut first_expiry = i64::MAX;
                 for ca in cas {
-                    first_expiry = first_expiry.min(not_after("--tls-client-ca", path, &ca)?);
+                    first_expiry = first_expiry.min(not_after(ca_flag, path, &ca)?);
                     roots.add(ca).map_err(|e| {
                         let detail =
                             format!("holds a certificate that cannot be a trust anchor: {e}");
-                        TlsError::invalid("--tls-client-ca", path, detail)
+                        TlsError::invalid(ca_flag, path, detail)
                     })?;
                 }
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                         .build()
-                        .map_err(|e| TlsError::invalid("--tls-client-ca", path, e.to_string()))?;
+                        .map_err(|e| TlsError::invalid(ca_flag, path, e.to_string()))?;
                 (Some(verifier), Some(first_expiry))
             }
             _ => (None, None),
         };
         Ok(Material {
+            role: files.role,
             bytes,
             provider,
             certified: Arc::new(certified),
@@ -248,6 +299,35 @@ impl Material {
     }
 }
 
+impl Material {
+    /// The TLS a node dials its peers with: their certificates must chain to the peer CA
+    /// and name the host dialled; ours is the client certificate. `None` without a CA.
+    pub fn peer_client_tls(&self) -> Option<tonic::transport::ClientTlsConfig> {
+        let ca = self.bytes.client_ca.as_ref()?;
+        Some(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .identity(tonic::transport::Identity::from_pem(
+                    &self.bytes.cert,
+                    &self.bytes.key,
+                )),
+        )
+    }
+}
+
+/// Whether the certificate `leaf` (DER) is valid for `host`, a DNS name or an IP address,
+/// as a server certificate would be checked for the host a client dials. The chain was
+/// verified in the handshake; this is the name check that ties it to one member.
+pub fn certificate_names(leaf: &CertificateDer<'_>, host: &str) -> Result<(), String> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls_pki_types::ServerName::try_from(host)
+        .map_err(|e| format!("{host:?} is neither a DNS name nor an IP address: {e}"))?;
+    let cert = webpki::EndEntityCert::try_from(leaf)
+        .map_err(|e| format!("the certificate cannot be parsed: {e}"))?;
+    cert.verify_is_valid_for_subject_name(&name)
+        .map_err(|e| format!("the certificate is not valid for {host}: {e}"))
+}
+
 /// Expiry gauges and reload outcomes, exported by the reloader.
 #[derive(Clone)]
 pub struct TlsMetrics {
@@ -259,11 +339,12 @@ pub struct TlsMetrics {
 
 impl TlsMetrics {
     fn publish(&self, material: &Material) {
+        let (leaf, ca_label) = material.role.expiry_labels();
         self.expiry
-            .with_label_values(&["serving"])
+            .with_label_values(&[leaf])
             .set(material.serving_not_after);
         if let Some(ca) = material.client_ca_not_after {
-            self.expiry.with_label_values(&["client_ca"]).set(ca);
+            self.expiry.with_label_values(&[ca_label]).set(ca);
         }
     }
 }
@@ -550,6 +631,7 @@ mod tests {
 
     fn files(cert: PathBuf, key: PathBuf) -> TlsFiles {
         TlsFiles {
+            role: TlsRole::Client,
             cert,
             key,
             client_ca: None,
@@ -602,12 +684,55 @@ mod tests {
         let ca = pki.dir.path().join("ca.crt");
         std::fs::write(&ca, &pki.ca_pem).expect("write CA");
         let material = Material::load(&TlsFiles {
-            cert,
-            key,
             client_ca: Some(ca),
+            ..files(cert, key)
         })
         .expect("loads");
         assert!(material.client_ca_not_after.is_some());
         assert!(material.client_verifier.is_some());
+        assert!(material.peer_client_tls().is_some());
+    }
+
+    #[test]
+    fn peer_files_are_named_by_their_own_flags() {
+        let pki = Pki::new();
+        let (cert, _) = pki.leaf("node", 2_000_000_000);
+        let (_, other_key) = pki.leaf("other", 2_000_000_000);
+        let err = Material::load(&TlsFiles {
+            role: TlsRole::Peer,
+            ..files(cert, other_key)
+        })
+        .expect_err("a key of another certificate");
+        assert!(err.to_string().starts_with("--peer-tls-key "), "{err}");
+    }
+
+    fn leaf_der(names: &[&str]) -> CertificateDer<'static> {
+        let pki = Pki::new();
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        let key = rcgen::KeyPair::generate().expect("key");
+        params
+            .signed_by(&key, &pki.issuer)
+            .expect("leaf")
+            .der()
+            .clone()
+    }
+
+    #[test]
+    fn a_certificate_names_the_hosts_of_its_sans_only() {
+        let leaf = leaf_der(&["cairn-0.cairn-peers.db.svc", "127.0.0.31"]);
+        assert_eq!(
+            certificate_names(&leaf, "cairn-0.cairn-peers.db.svc"),
+            Ok(())
+        );
+        assert_eq!(certificate_names(&leaf, "127.0.0.31"), Ok(()));
+        for other in ["cairn-1.cairn-peers.db.svc", "127.0.0.32", "db.svc"] {
+            let refused = certificate_names(&leaf, other).expect_err(other);
+            assert!(refused.contains("not valid for"), "{refused}");
+        }
+        let v6 = leaf_der(&["::1"]);
+        assert_eq!(certificate_names(&v6, "[::1]"), Ok(()));
+        assert!(certificate_names(&leaf, "not a name!").is_err());
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_server::ServeConfig;
-use cairn_server::tls::{TlsConfig, TlsFiles};
+use cairn_server::tls::{TlsConfig, TlsFiles, TlsRole};
 use cairn_tests::orisun as pb;
 use cairn_tests::pki::{Leaf, Pki};
 use cairn_tests::*;
@@ -19,6 +19,7 @@ const RELOAD: Duration = Duration::from_millis(100);
 
 fn serve_tls(leaf: &Leaf, client_ca: Option<&Pki>, http: bool) -> impl FnOnce(&mut ServeConfig) {
     let files = TlsFiles {
+        role: TlsRole::Client,
         cert: leaf.cert_file.clone(),
         key: leaf.key_file.clone(),
         client_ca: client_ca.map(|ca| ca.ca_file.clone()),

@@ -22,11 +22,11 @@ use tonic::transport::Channel;
 
 const BOUNDARY: &str = "default";
 
-async fn client(cluster: &Cluster, id: u64) -> EventStoreClient<Channel> {
+pub(crate) async fn client(cluster: &Cluster, id: u64) -> EventStoreClient<Channel> {
     EventStoreClient::new(cluster.node(id).channel().await)
 }
 
-fn event(event_type: &str, data: &str) -> pb::EventToSave {
+pub(crate) fn event(event_type: &str, data: &str) -> pb::EventToSave {
     pb::EventToSave {
         event_id: uuid::Uuid::now_v7().to_string(),
         event_type: event_type.to_string(),
@@ -56,7 +56,7 @@ fn observed(query: pb::Query, commit: i64, prepare: i64) -> pb::ConsistencyObser
     }
 }
 
-async fn save(
+pub(crate) async fn save(
     es: &mut EventStoreClient<Channel>,
     events: Vec<pb::EventToSave>,
     consistency: Vec<pb::ConsistencyObservation>,
@@ -71,7 +71,9 @@ async fn save(
 }
 
 /// Every event of the boundary, oldest first, in pages of the GetEvents limit.
-async fn all_events(es: &mut EventStoreClient<Channel>) -> Result<Vec<pb::Event>, tonic::Status> {
+pub(crate) async fn all_events(
+    es: &mut EventStoreClient<Channel>,
+) -> Result<Vec<pb::Event>, tonic::Status> {
     let mut events: Vec<pb::Event> = Vec::new();
     loop {
         let from_position = events.last().and_then(|e| e.position);
@@ -98,7 +100,7 @@ async fn all_events(es: &mut EventStoreClient<Channel>) -> Result<Vec<pb::Event>
     }
 }
 
-fn others(ids: &[u64], leader: u64) -> Vec<u64> {
+pub(crate) fn others(ids: &[u64], leader: u64) -> Vec<u64> {
     ids.iter().copied().filter(|&id| id != leader).collect()
 }
 
@@ -710,7 +712,11 @@ async fn a_cancelled_leadership_transfer_leaves_the_leader_heartbeating() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_stops_serving_and_the_majority_carries_on() {
-    let cluster = Cluster::start(3, &[]).await;
+    partitioned_leader_stops_serving(Cluster::start(3, &[]).await).await;
+}
+
+/// The partition test on `cluster`, three nodes (plaintext or TLS peers).
+pub async fn partitioned_leader_stops_serving(cluster: Cluster) {
     let old = cluster.leader_among(&[1, 2, 3]).await;
     let majority = others(&cluster.ids(), old);
     let mut via_old = client(&cluster, old).await;
@@ -756,7 +762,13 @@ async fn a_partitioned_leader_stops_serving_and_the_majority_carries_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_leader_kills_and_pauses_exactly_once() {
-    let mut cluster = Cluster::start(3, &[]).await;
+    survive_leader_kills_and_pauses(Cluster::start(3, &[]).await).await;
+}
+
+/// The failover test on `cluster`, three nodes (plaintext or TLS peers): writes through
+/// every node while the leader is killed, frozen, killed again; every acknowledged write
+/// ends on every node exactly once.
+pub async fn survive_leader_kills_and_pauses(mut cluster: Cluster) {
     let mut acknowledged: BTreeSet<String> = BTreeSet::new();
     let mut ambiguous: BTreeSet<String> = BTreeSet::new();
     for round in 0..3 {

@@ -13,5 +13,6 @@ mod disk;
 mod durability;
 mod exactly_once;
 mod first_contact;
+mod peer_tls;
 mod support;
 mod wiped;

@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+use super::peer_pki::{PeerCert, PeerPki};
 use super::{Launching, Node};
 
 /// The secret the harness's clusters share.
@@ -45,6 +46,11 @@ const POLL: Duration = Duration::from_millis(50);
 
 fn peer_ip(id: u64) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, 10 + id as u8)
+}
+
+/// The host node `id` advertises to its peers (its certificate's name with peer TLS).
+pub fn advertised_host(id: u64) -> IpAddr {
+    IpAddr::V4(proxy_ip(id))
 }
 
 fn proxy_ip(id: u64) -> Ipv4Addr {
@@ -184,6 +190,9 @@ pub struct Cluster {
     /// temp dir that holds the mount points.
     disks: BTreeMap<u64, Disk>,
     on_powercut_disks: bool,
+    /// The cluster CA when peers speak mutual TLS, and the certificate the harness and
+    /// `cairn cluster` present (it names no member).
+    peer_tls: Option<(PeerPki, PeerCert)>,
     dir: tempfile::TempDir,
 }
 
@@ -199,39 +208,64 @@ impl Cluster {
         Cluster::start_with(n, extra, true).await
     }
 
+    /// As [`Cluster::start`], the peers speaking mutual TLS: a CA made for the cluster,
+    /// each node's certificate naming the host it advertises.
+    pub async fn start_with_peer_tls(n: u64, extra: &[&str]) -> Cluster {
+        let mut cluster = Cluster::unstarted(false);
+        let pki = PeerPki::new(cluster.dir.path(), "cluster");
+        let tool = pki.issue("harness", &[]);
+        cluster.peer_tls = Some((pki, tool));
+        cluster.form(n, extra).await;
+        cluster
+    }
+
     async fn start_with(n: u64, extra: &[&str], on_powercut_disks: bool) -> Cluster {
-        let mut cluster = Cluster {
+        let mut cluster = Cluster::unstarted(on_powercut_disks);
+        cluster.form(n, extra).await;
+        cluster
+    }
+
+    fn unstarted(on_powercut_disks: bool) -> Cluster {
+        Cluster {
             members: BTreeMap::new(),
             initial: String::new(),
             links: Arc::default(),
             disks: BTreeMap::new(),
             on_powercut_disks,
+            peer_tls: None,
             dir: tempfile::tempdir().expect("temp dir"),
-        };
-        for id in 1..=n {
-            cluster.add_member(id).await;
         }
-        let initial: Vec<String> = cluster
+    }
+
+    /// The cluster CA, when peers speak mutual TLS.
+    pub fn peer_pki(&self) -> Option<&PeerPki> {
+        self.peer_tls.as_ref().map(|(pki, _)| pki)
+    }
+
+    /// Starts `n` members forming a new cluster and waits until each votes.
+    async fn form(&mut self, n: u64, extra: &[&str]) {
+        for id in 1..=n {
+            self.add_member(id).await;
+        }
+        let initial: Vec<String> = self
             .members
             .values()
             .map(|m| format!("{}={}", m.id, m.advertise))
             .collect();
         let initial = initial.join(",");
-        cluster.initial = initial.clone();
-        for member in cluster.members.values_mut() {
-            member.args = member_args(member.id, &member.advertise);
-            member
-                .args
-                .extend(["--initial-members".to_string(), initial.clone()]);
-            member.args.extend(extra.iter().map(|s| s.to_string()));
+        self.initial = initial.clone();
+        for id in 1..=n {
+            let mut args = self.member_args(id);
+            args.extend(["--initial-members".to_string(), initial.clone()]);
+            args.extend(extra.iter().map(|s| s.to_string()));
+            self.member_mut(id).args = args;
         }
-        let launching: Vec<(u64, Launching)> = (1..=n).map(|id| (id, cluster.launch(id))).collect();
+        let launching: Vec<(u64, Launching)> = (1..=n).map(|id| (id, self.launch(id))).collect();
         for (id, launching) in launching {
             let node = launching.serving_async().await;
-            cluster.member_mut(id).node = Some(node);
+            self.member_mut(id).node = Some(node);
         }
-        cluster.formed().await;
-        cluster
+        self.formed().await;
     }
 
     /// Waits until every node votes and counts every other as a voter. A member that asks
@@ -299,13 +333,10 @@ impl Cluster {
     /// joins through them; returns once it serves.
     pub async fn join_as_later_member(&mut self, id: u64, extra: &[&str]) {
         self.add_member(id).await;
-        let initial = self.initial.clone();
-        let member = self.member_mut(id);
-        member.args = member_args(id, &member.advertise);
-        member
-            .args
-            .extend(["--initial-members".to_string(), initial]);
-        member.args.extend(extra.iter().map(|s| s.to_string()));
+        let mut args = self.member_args(id);
+        args.extend(["--initial-members".to_string(), self.initial.clone()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.member_mut(id).args = args;
         let node = self.launch(id).serving_async().await;
         self.member_mut(id).node = Some(node);
     }
@@ -318,14 +349,40 @@ impl Cluster {
         self.start_joining(id, via, extra).await;
     }
 
+    /// Starts node `id` with `--join` to the member `via`, presenting `cert` and trusting
+    /// the CA in `ca_file` on its peer port (instead of a certificate of the cluster CA
+    /// naming its own host). A joining node serves only once it has joined: the process
+    /// is returned as it starts.
+    pub async fn join_presenting(
+        &mut self,
+        id: u64,
+        via: u64,
+        cert: &PeerCert,
+        ca_file: &std::path::Path,
+    ) -> Launching {
+        self.add_member(id).await;
+        let target = self.member(via).advertise;
+        let mut args = member_args(id, &self.member(id).advertise);
+        args.extend([
+            "--peer-tls-cert".to_string(),
+            cert.cert_file.display().to_string(),
+            "--peer-tls-key".to_string(),
+            cert.key_file.display().to_string(),
+            "--peer-tls-ca".to_string(),
+            ca_file.display().to_string(),
+            "--join".to_string(),
+            target.to_string(),
+        ]);
+        self.member_mut(id).args = args;
+        self.launch(id)
+    }
+
     async fn start_joining(&mut self, id: u64, via: u64, extra: &[&str]) {
         let target = self.member(via).advertise;
-        let member = self.member_mut(id);
-        member.args = member_args(id, &member.advertise);
-        member
-            .args
-            .extend(["--join".to_string(), target.to_string()]);
-        member.args.extend(extra.iter().map(|s| s.to_string()));
+        let mut args = self.member_args(id);
+        args.extend(["--join".to_string(), target.to_string()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.member_mut(id).args = args;
         let node = self.launch(id).serving_async().await;
         self.member_mut(id).node = Some(node);
     }
@@ -508,14 +565,31 @@ impl Cluster {
         self.members.keys().copied().collect()
     }
 
-    /// The cluster API of node `id`, on its real peer port.
-    pub async fn cluster_api(&self, id: u64) -> ClusterClient<Channel> {
-        let channel = Channel::from_shared(format!("http://{}", self.member(id).peer_addr()))
-            .expect("uri")
+    /// A channel to node `id`'s real peer port; with peer TLS, presenting `cert` (by
+    /// default the harness's, which names no member).
+    pub fn peer_channel(&self, id: u64, cert: Option<&PeerCert>) -> Channel {
+        let member = self.member(id);
+        let endpoint = match &self.peer_tls {
+            None => Channel::from_shared(format!("http://{}", member.peer_addr())).expect("uri"),
+            Some((pki, tool)) => {
+                let tls = cert
+                    .unwrap_or(tool)
+                    .dial(pki, &member.advertise.ip().to_string());
+                Channel::from_shared(format!("https://{}", member.peer_addr()))
+                    .expect("uri")
+                    .tls_config(tls)
+                    .expect("TLS config")
+            }
+        };
+        endpoint
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10))
-            .connect_lazy();
-        ClusterClient::new(channel)
+            .connect_lazy()
+    }
+
+    /// The cluster API of node `id`, on its real peer port.
+    pub async fn cluster_api(&self, id: u64) -> ClusterClient<Channel> {
+        ClusterClient::new(self.peer_channel(id, None))
     }
 
     /// `cairn cluster <args>` against node `id`'s real peer port; panics unless it
@@ -534,6 +608,7 @@ impl Cluster {
             .arg("--endpoint")
             .arg(self.member(id).peer_addr().to_string())
             .args(["--cluster-secret", SECRET])
+            .args(self.cli_tls_args(id))
             .output()
             .expect("cairn cluster");
         if output.status.success() {
@@ -541,6 +616,37 @@ impl Cluster {
         } else {
             Err(String::from_utf8_lossy(&output.stderr).into_owned())
         }
+    }
+
+    /// The TLS flags of `cairn cluster` against node `id`: the CA, the harness's
+    /// certificate, and the name node `id`'s certificate carries.
+    fn cli_tls_args(&self, id: u64) -> Vec<String> {
+        let Some((pki, tool)) = &self.peer_tls else {
+            return Vec::new();
+        };
+        let mut args = vec!["--tls-ca".to_string(), pki.ca_file.display().to_string()];
+        args.extend([
+            "--tls-cert".to_string(),
+            tool.cert_file.display().to_string(),
+        ]);
+        args.extend(["--tls-key".to_string(), tool.key_file.display().to_string()]);
+        args.extend([
+            "--tls-server-name".to_string(),
+            self.member(id).advertise.ip().to_string(),
+        ]);
+        args
+    }
+
+    /// The start arguments every member gets; with peer TLS, a certificate naming the host
+    /// it advertises.
+    fn member_args(&self, id: u64) -> Vec<String> {
+        let advertise = self.member(id).advertise;
+        let mut args = member_args(id, &advertise);
+        if let Some((pki, _)) = &self.peer_tls {
+            let cert = pki.issue(&format!("node-{id}"), &[advertise.ip()]);
+            args.extend(cert.serve_args(pki));
+        }
+        args
     }
 
     /// Node `id`'s view of the cluster (UNAVAILABLE until its peer address is known).

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod lossy;
+pub mod peer_pki;
 pub mod prometheus;
 
 use std::io::{BufRead, BufReader};
@@ -181,6 +182,18 @@ impl Drop for Node {
 }
 
 impl Launching {
+    /// Whether the process has logged a line containing `needle` so far.
+    pub fn logged(&self, needle: &str) -> bool {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.iter().any(|line| line.contains(needle))
+    }
+
+    /// SIGKILL, and reap: for a process that was never to serve.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits until the node serves (panics with its log after a minute).
     pub fn serving(mut self) -> Node {
         let (addr, http_addr) = match self.serving.recv_timeout(START_TIMEOUT) {

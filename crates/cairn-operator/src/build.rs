@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::certificates::{CA_CERT_KEY, TLS_MOUNT, tls_secret_name};
 use crate::validate::{OperatorPods, ValidBoundary};
 
 /// Client gRPC port (Orisun's default).
@@ -305,6 +306,9 @@ fn network_policy(valid: &ValidBoundary, operator: &OperatorPods) -> NetworkPoli
     }
 }
 
+/// The ConfigMap key naming the cluster CA of peer TLS: present when the nodes speak TLS.
+pub const PEER_TLS_CA_KEY: &str = "CAIRN_PEER_TLS_CA";
+
 /// The ConfigMap key (an environment variable of every node) that declares the boundary
 /// with idempotent event ids; present only for such boundaries.
 pub const IDEMPOTENT_BOUNDARIES_KEY: &str = "CAIRN_IDEMPOTENT_BOUNDARIES";
@@ -324,12 +328,22 @@ fn config_map(valid: &ValidBoundary) -> ConfigMap {
             ),
             ("CAIRN_NODE_ID_FROM_HOSTNAME", "true".to_string()),
             ("CAIRN_LOG_FORMAT", "json".to_string()),
-            // The peer port listens on every interface; until `spec.tls` gives the pods
-            // certificates, its traffic is plaintext, confined by the NetworkPolicy.
-            ("CAIRN_ALLOW_PLAINTEXT_PEERS", "true".to_string()),
         ]
         .map(|(k, v)| (k.to_string(), v)),
     );
+    if valid.tls {
+        data.insert(
+            PEER_TLS_CA_KEY.to_string(),
+            format!("{TLS_MOUNT}/{CA_CERT_KEY}"),
+        );
+    } else {
+        // The peer port listens on every interface; without `spec.tls` its traffic is
+        // plaintext, confined by the NetworkPolicy.
+        data.insert(
+            "CAIRN_ALLOW_PLAINTEXT_PEERS".to_string(),
+            "true".to_string(),
+        );
+    }
     if valid.idempotent_event_ids {
         // The server creates the boundary with the option on first start; CAIRN_BOUNDARIES
         // still names it (it is what a later reconcile reads back as the boundary served).
@@ -345,7 +359,8 @@ fn config_map(valid: &ValidBoundary) -> ConfigMap {
     }
 }
 
-fn secret(valid: &ValidBoundary, name: String, data: BTreeMap<String, String>) -> Secret {
+/// A Secret of the Boundary (owned by it) holding `data`.
+pub fn secret(valid: &ValidBoundary, name: String, data: BTreeMap<String, String>) -> Secret {
     Secret {
         metadata: metadata(valid, name, "credentials"),
         data: Some(
@@ -442,8 +457,9 @@ fn http_probe(path: &str) -> Probe {
     }
 }
 
-fn readiness_probe(capabilities: Capabilities) -> Probe {
-    let check = if capabilities.grpc_probes {
+fn readiness_probe(capabilities: Capabilities, tls: bool) -> Probe {
+    // The kubelet's gRPC probe speaks plaintext only; the HTTP port stays plaintext.
+    let check = if capabilities.grpc_probes && !tls {
         Probe {
             grpc: Some(GRPCAction {
                 port: CLIENT_PORT,
@@ -472,6 +488,36 @@ fn liveness_probe() -> Probe {
     }
 }
 
+/// With TLS, each node serves its own certificate of `<name>-tls` on the client and peer
+/// ports (chosen by its pod name), and `cairn cluster` run in the pod verifies the node by
+/// its peer name although it dials 127.0.0.1.
+fn tls_env(valid: &ValidBoundary) -> Vec<EnvVar> {
+    if !valid.tls {
+        return Vec::new();
+    }
+    let value = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..EnvVar::default()
+    };
+    let cert = format!("{TLS_MOUNT}/$(POD_NAME).crt");
+    let key = format!("{TLS_MOUNT}/$(POD_NAME).key");
+    vec![
+        value("CAIRN_TLS_CERT", cert.clone()),
+        value("CAIRN_TLS_KEY", key.clone()),
+        value("CAIRN_PEER_TLS_CERT", cert),
+        value("CAIRN_PEER_TLS_KEY", key),
+        value(
+            "CAIRN_TLS_SERVER_NAME",
+            format!(
+                "$(POD_NAME).{}.{}.svc",
+                peer_service_name(&valid.name),
+                valid.namespace
+            ),
+        ),
+    ]
+}
+
 fn container(valid: &ValidBoundary, capabilities: Capabilities) -> Container {
     let port = |name: &str, port: i32| ContainerPort {
         name: Some(name.into()),
@@ -484,21 +530,26 @@ fn container(valid: &ValidBoundary, capabilities: Capabilities) -> Container {
         image: Some(valid.image.clone()),
         image_pull_policy: Some("IfNotPresent".into()),
         args: Some(vec!["serve".into()]),
-        env: Some(vec![
-            env_from_field("POD_NAME", "metadata.name"),
-            // Kubernetes expands $(POD_NAME) from the variable above.
-            EnvVar {
-                name: "CAIRN_ADVERTISE_ADDR".into(),
-                value: Some(format!(
-                    "$(POD_NAME).{}.{}.svc:{PEER_PORT}",
-                    peer_service_name(&valid.name),
-                    valid.namespace
-                )),
-                ..EnvVar::default()
-            },
-            env_from_secret("CAIRN_ADMIN_USERNAME", &valid.admin_secret, "username"),
-            env_from_secret("CAIRN_ADMIN_PASSWORD", &valid.admin_secret, "password"),
-        ]),
+        env: Some(
+            vec![
+                env_from_field("POD_NAME", "metadata.name"),
+                // Kubernetes expands $(POD_NAME) from the variable above.
+                EnvVar {
+                    name: "CAIRN_ADVERTISE_ADDR".into(),
+                    value: Some(format!(
+                        "$(POD_NAME).{}.{}.svc:{PEER_PORT}",
+                        peer_service_name(&valid.name),
+                        valid.namespace
+                    )),
+                    ..EnvVar::default()
+                },
+                env_from_secret("CAIRN_ADMIN_USERNAME", &valid.admin_secret, "username"),
+                env_from_secret("CAIRN_ADMIN_PASSWORD", &valid.admin_secret, "password"),
+            ]
+            .into_iter()
+            .chain(tls_env(valid))
+            .collect(),
+        ),
         env_from: Some(vec![EnvFromSource {
             config_map_ref: Some(ConfigMapEnvSource {
                 name: config_map_name(&valid.name),
@@ -511,22 +562,32 @@ fn container(valid: &ValidBoundary, capabilities: Capabilities) -> Container {
             port("peer", PEER_PORT),
             port("http", HTTP_PORT),
         ]),
-        readiness_probe: Some(readiness_probe(capabilities)),
+        readiness_probe: Some(readiness_probe(capabilities, valid.tls)),
         liveness_probe: Some(liveness_probe()),
         resources: valid.resources.clone(),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: DATA_CLAIM.into(),
-                mount_path: DATA_MOUNT.into(),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: "cluster-secret".into(),
-                mount_path: CLUSTER_SECRET_MOUNT.into(),
+        volume_mounts: Some(
+            vec![
+                VolumeMount {
+                    name: DATA_CLAIM.into(),
+                    mount_path: DATA_MOUNT.into(),
+                    ..VolumeMount::default()
+                },
+                VolumeMount {
+                    name: "cluster-secret".into(),
+                    mount_path: CLUSTER_SECRET_MOUNT.into(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                },
+            ]
+            .into_iter()
+            .chain(valid.tls.then(|| VolumeMount {
+                name: "tls".into(),
+                mount_path: TLS_MOUNT.into(),
                 read_only: Some(true),
                 ..VolumeMount::default()
-            },
-        ]),
+            }))
+            .collect(),
+        ),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -607,15 +668,21 @@ fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities, pods: i32) ->
         ),
         node_selector: valid.placement.node_selector.clone(),
         tolerations: valid.placement.tolerations.clone(),
-        volumes: Some(vec![Volume {
-            name: "cluster-secret".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(cluster_secret_name(&valid.name)),
-                default_mode: Some(0o400),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        }]),
+        volumes: Some(
+            [("cluster-secret", cluster_secret_name(&valid.name))]
+                .into_iter()
+                .chain(valid.tls.then(|| ("tls", tls_secret_name(&valid.name))))
+                .map(|(volume, secret)| Volume {
+                    name: volume.into(),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some(secret),
+                        default_mode: Some(0o400),
+                        ..SecretVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                })
+                .collect(),
+        ),
         ..PodSpec::default()
     };
     let mut set_metadata = metadata(valid, valid.name.clone(), "node");
@@ -706,6 +773,7 @@ mod tests {
             service_monitor: false,
             volume_reclaim_policy: VolumeReclaimPolicy::Retain,
             network_policy: None,
+            tls: false,
         }
     }
 
@@ -996,6 +1064,74 @@ mod tests {
         assert_eq!(
             anti[0].pod_affinity_term.topology_key,
             "kubernetes.io/hostname"
+        );
+    }
+
+    #[test]
+    fn a_tls_boundary_mounts_its_pods_certificates_and_probes_over_http() {
+        let valid = ValidBoundary {
+            tls: true,
+            ..valid(3)
+        };
+        let grpc = Capabilities {
+            grpc_probes: true,
+            ..Capabilities::default()
+        };
+        let built = build(&valid, grpc, &generated(), 3);
+        let data = built.config_map.data.as_ref().expect("data");
+        assert_eq!(data[PEER_TLS_CA_KEY], "/etc/cairn/tls/ca.crt");
+        assert!(!data.contains_key("CAIRN_ALLOW_PLAINTEXT_PEERS"));
+        let pod = pod_spec(&built);
+        let c = &pod.containers[0];
+        let env: BTreeMap<&str, &str> = c
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|e| Some((e.name.as_str(), e.value.as_deref()?)))
+            .collect();
+        assert_eq!(env["CAIRN_TLS_CERT"], "/etc/cairn/tls/$(POD_NAME).crt");
+        assert_eq!(env["CAIRN_PEER_TLS_KEY"], "/etc/cairn/tls/$(POD_NAME).key");
+        assert_eq!(
+            env["CAIRN_TLS_SERVER_NAME"],
+            "$(POD_NAME).orders-peers.shop.svc"
+        );
+        let tls_volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "tls")
+            .expect("the tls volume");
+        assert_eq!(
+            tls_volume
+                .secret
+                .as_ref()
+                .and_then(|s| s.secret_name.as_deref()),
+            Some("orders-tls")
+        );
+        assert!(c.volume_mounts.iter().flatten().any(|m| m.name == "tls"
+            && m.mount_path == "/etc/cairn/tls"
+            && m.read_only == Some(true)));
+        let readiness = c.readiness_probe.as_ref().expect("readiness");
+        assert!(
+            readiness.grpc.is_none(),
+            "the kubelet's gRPC probe cannot speak TLS"
+        );
+        assert!(readiness.http_get.is_some());
+        assert_eq!(
+            crate::pod_security::restricted_violations(pod),
+            Vec::<String>::new()
+        );
+        // Without TLS: the plaintext peer port is allowed, nothing is mounted.
+        let plain = objects(3);
+        let data = plain.config_map.data.as_ref().expect("data");
+        assert_eq!(data["CAIRN_ALLOW_PLAINTEXT_PEERS"], "true");
+        assert!(!data.contains_key(PEER_TLS_CA_KEY));
+        assert!(
+            pod_spec(&plain)
+                .volumes
+                .iter()
+                .flatten()
+                .all(|v| v.name != "tls")
         );
     }
 

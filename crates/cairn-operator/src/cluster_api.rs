@@ -11,7 +11,7 @@ use futures::future::join_all;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use tonic::metadata::MetadataValue;
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::build::PEER_PORT;
 use crate::membership::{Change, ClusterView, ViewMember};
@@ -75,10 +75,16 @@ pub fn trusted_endpoints(name: &str, set: &StatefulSet, pods: &[Pod]) -> Vec<Pod
                 return None;
             }
             let ip = pod.status.as_ref()?.pod_ip.clone()?;
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+            let host = format!(
+                "{pod_name}.{}.{namespace}.svc",
+                crate::build::peer_service_name(name)
+            );
             Some(PodEndpoint {
                 ordinal,
                 pod: pod_name,
                 ip,
+                host,
             })
         })
         .collect()
@@ -93,15 +99,37 @@ pub struct PodEndpoint {
     pub pod: String,
     /// Its IP (`status.podIP`).
     pub ip: String,
+    /// Its stable peer DNS name, which its certificate names when the Boundary has TLS.
+    pub host: String,
 }
 
 impl PodEndpoint {
-    fn address(&self) -> String {
+    fn address(&self, tls: bool) -> String {
+        let scheme = if tls { "https" } else { "http" };
         if self.ip.contains(':') {
-            format!("http://[{}]:{PEER_PORT}", self.ip)
+            format!("{scheme}://[{}]:{PEER_PORT}", self.ip)
         } else {
-            format!("http://{}:{PEER_PORT}", self.ip)
+            format!("{scheme}://{}:{PEER_PORT}", self.ip)
         }
+    }
+}
+
+/// How the operator speaks to the pods of a Boundary with TLS: it trusts the Boundary's CA
+/// only, checks that a pod dialled at its IP presents a certificate naming the pod's peer
+/// DNS name, and presents a certificate of that CA (the peer port takes no other).
+#[derive(Clone)]
+pub struct PeerTls {
+    /// The Boundary's CA (PEM).
+    pub ca_pem: String,
+    /// The operator's certificate (PEM).
+    pub cert_pem: String,
+    /// Its key (PEM).
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTls").finish_non_exhaustive()
     }
 }
 
@@ -124,16 +152,27 @@ pub struct Node {
 }
 
 impl Node {
-    /// Connects to `pod`.
-    pub async fn connect(pod: &PodEndpoint, secret: &str) -> Result<Node, Error> {
-        let address = pod.address();
+    /// Connects to `pod`, with TLS when `tls`.
+    pub async fn connect(
+        pod: &PodEndpoint,
+        secret: &str,
+        tls: Option<&PeerTls>,
+    ) -> Result<Node, Error> {
+        let address = pod.address(tls.is_some());
         let connect_error = |source| Error::Connect {
             pod: pod.pod.clone(),
             address: address.clone(),
             source,
         };
-        let channel = Endpoint::from_shared(address.clone())
-            .map_err(connect_error)?
+        let mut endpoint = Endpoint::from_shared(address.clone()).map_err(connect_error)?;
+        if let Some(tls) = tls {
+            let config = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+                .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+                .domain_name(pod.host.clone());
+            endpoint = endpoint.tls_config(config).map_err(connect_error)?;
+        }
+        let channel = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(CALL_TIMEOUT)
             .connect()
@@ -195,9 +234,9 @@ impl Node {
 
 /// Asks every pod for its view; the leader's (highest term, should two claim it) is the one
 /// membership decisions use. Pods that do not answer are logged and skipped.
-pub async fn observe(pods: &[PodEndpoint], secret: &str) -> Observed {
+pub async fn observe(pods: &[PodEndpoint], secret: &str, tls: Option<&PeerTls>) -> Observed {
     let answers = join_all(pods.iter().map(|pod| async move {
-        let mut node = Node::connect(pod, secret).await?;
+        let mut node = Node::connect(pod, secret, tls).await?;
         node.status().await.map(|status| (pod.clone(), status))
     }))
     .await;

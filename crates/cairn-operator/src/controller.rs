@@ -27,12 +27,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::build::{self, Capabilities, FIELD_MANAGER, Generated, Objects};
+use crate::certificates;
 use crate::cluster_api::{self, PodEndpoint};
 use crate::crd::{Boundary, BoundaryStatus, Member, VolumeReclaimPolicy};
 use crate::membership::{self, Change, ClusterView};
 use crate::metrics::Metrics;
 use crate::status::{self, ClusterSummary, Observation, Volumes};
-use crate::validate::{self, Deployed, Invalid, Observed, OperatorDefaults, SecretState};
+use crate::validate::{
+    self, Deployed, Invalid, Observed, OperatorDefaults, SecretState, ValidBoundary,
+};
 
 /// Removes what owner references do not: the volumes, when the policy says so.
 pub const FINALIZER: &str = "cairn.dev/cleanup";
@@ -90,6 +93,14 @@ pub enum Error {
         /// The error.
         source: serde_json::Error,
     },
+    /// A certificate could not be issued, or the stored CA cannot be used.
+    #[error("certificates of {name}: {source}")]
+    Certificate {
+        /// The Boundary.
+        name: String,
+        /// Why.
+        source: crate::certificates::CertificateError,
+    },
     /// Adding or removing the finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
@@ -104,6 +115,7 @@ impl Error {
             Error::Status { .. } => "status",
             Error::Cleanup { .. } => "cleanup",
             Error::Serialise { .. } => "serialise",
+            Error::Certificate { .. } => "certificate",
             // The finalizer helper wraps the reconcile's own error: report that one.
             Error::Finalizer(e) => match e.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(inner)
@@ -277,7 +289,10 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
     };
     let objects = build::build(&valid, context.capabilities, &generated, plan.pods);
 
-    // 4. Apply.
+    // 4. Apply: the pods' certificates before the StatefulSet that mounts them.
+    if valid.tls {
+        ensure_certificates(&valid, client, plan.pods).await?;
+    }
     let set = apply_objects(&objects, client, &namespace, context.pdb_v1).await?;
 
     // 5. Membership sync, then status.
@@ -361,6 +376,8 @@ struct Running {
     pod_names: Vec<String>,
     /// The cluster secret, once the operator has created it.
     cluster_secret: Option<String>,
+    /// How to reach the pods when the Boundary has TLS (once its CA exists).
+    tls: Option<cluster_api::PeerTls>,
     cluster: cluster_api::Observed,
 }
 
@@ -420,9 +437,14 @@ async fn dereference(
     .await?
     .and_then(|secret| secret.data?.remove(build::CLUSTER_SECRET_KEY))
     .and_then(|value| String::from_utf8(value.0).ok());
+    let tls = match &boundary.spec.tls {
+        Some(_) => operator_tls(boundary, &secrets).await?,
+        None => None,
+    };
     let mut running = Running {
         set,
         cluster_secret,
+        tls,
         ..Running::default()
     };
     if running.set.is_some() {
@@ -444,10 +466,152 @@ async fn dereference(
             .filter_map(|pod| pod.metadata.name.clone())
             .collect();
         if let Some(secret) = &running.cluster_secret {
-            running.cluster = cluster_api::observe(&endpoints, secret).await;
+            running.cluster = cluster_api::observe(&endpoints, secret, running.tls.as_ref()).await;
         }
     }
     Ok((observed, running))
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn bytes_of(secret: Option<Secret>) -> BTreeMap<String, Vec<u8>> {
+    secret
+        .and_then(|s| s.data)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect()
+}
+
+/// The Boundary's CA from its `<name>-ca-key` Secret; `None` before it exists.
+async fn stored_authority(
+    name: &str,
+    secrets: &Api<Secret>,
+) -> Result<Option<certificates::Authority>, Error> {
+    let secret_name = certificates::ca_key_secret_name(name);
+    let Some(secret) = get(secrets, &secret_name, "the CA Secret").await? else {
+        return Ok(None);
+    };
+    let data = bytes_of(Some(secret));
+    let text =
+        |key: &str| String::from_utf8_lossy(data.get(key).map_or(&[][..], |v| v)).into_owned();
+    certificates::Authority::from_pem(
+        &text(certificates::CA_KEY_CERT),
+        &text(certificates::CA_KEY_KEY),
+    )
+    .map(Some)
+    .map_err(|source| Error::Certificate {
+        name: name.to_string(),
+        source,
+    })
+}
+
+/// The certificate the operator presents to the pods of a TLS Boundary, issued by its CA
+/// for this reconcile (no key of the operator's is stored anywhere).
+async fn operator_tls(
+    boundary: &Boundary,
+    secrets: &Api<Secret>,
+) -> Result<Option<cluster_api::PeerTls>, Error> {
+    let name = boundary.name_any();
+    let Some(authority) = stored_authority(&name, secrets).await? else {
+        return Ok(None);
+    };
+    let (cert_pem, key_pem) = authority
+        .issue(&["cairn-operator".to_string()], unix_now())
+        .map_err(|source| Error::Certificate {
+            name: name.clone(),
+            source,
+        })?;
+    Ok(Some(cluster_api::PeerTls {
+        ca_pem: authority.cert_pem.clone(),
+        cert_pem,
+        key_pem,
+    }))
+}
+
+/// Creates the Boundary's CA once, publishes its certificate for clients, and issues the
+/// certificates of pods `0..pods` that are missing or due for renewal.
+async fn ensure_certificates(
+    valid: &ValidBoundary,
+    client: &Client,
+    pods: i32,
+) -> Result<(), Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &valid.namespace);
+    let certificate_error = |source| Error::Certificate {
+        name: valid.name.clone(),
+        source,
+    };
+    let now = unix_now();
+    let authority = match stored_authority(&valid.name, &secrets).await? {
+        Some(authority) => authority,
+        None => {
+            let fresh = certificates::Authority::generate(&valid.name, &valid.namespace, now)
+                .map_err(certificate_error)?;
+            let secret = build::secret(
+                valid,
+                certificates::ca_key_secret_name(&valid.name),
+                BTreeMap::from([
+                    (
+                        certificates::CA_KEY_CERT.to_string(),
+                        fresh.cert_pem.clone(),
+                    ),
+                    (
+                        certificates::CA_KEY_KEY.to_string(),
+                        fresh.key_pem().to_string(),
+                    ),
+                ]),
+            );
+            create_if_absent(&secrets, &secret).await?;
+            // A concurrent reconcile's CA, if it won, is the one.
+            stored_authority(&valid.name, &secrets)
+                .await?
+                .unwrap_or(fresh)
+        }
+    };
+    server_side_apply(
+        &secrets,
+        &build::secret(
+            valid,
+            certificates::ca_secret_name(&valid.name),
+            BTreeMap::from([(
+                certificates::CA_CERT_KEY.to_string(),
+                authority.cert_pem.clone(),
+            )]),
+        ),
+    )
+    .await?;
+    let tls_name = certificates::tls_secret_name(&valid.name);
+    let mut data = bytes_of(get(&secrets, &tls_name, "the TLS Secret").await?);
+    let due = certificates::due(&valid.name, pods, &authority.cert_pem, &data, now);
+    if due.is_empty() {
+        return Ok(());
+    }
+    if data.get(certificates::CA_CERT_KEY).map(Vec::as_slice) != Some(authority.cert_pem.as_bytes())
+    {
+        data.clear();
+    }
+    data.insert(
+        certificates::CA_CERT_KEY.to_string(),
+        authority.cert_pem.clone().into_bytes(),
+    );
+    for ordinal in &due {
+        let pod = format!("{}-{ordinal}", valid.name);
+        let names = certificates::pod_names(&valid.name, &valid.namespace, *ordinal);
+        let (cert, key) = authority.issue(&names, now).map_err(certificate_error)?;
+        data.insert(certificates::cert_key(&pod), cert.into_bytes());
+        data.insert(certificates::key_key(&pod), key.into_bytes());
+    }
+    let text = data
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect();
+    server_side_apply(&secrets, &build::secret(valid, tls_name, text)).await?;
+    tracing::info!(boundary = %valid.name, ?due, "issued the certificates of pods");
+    Ok(())
 }
 
 /// The status's view of the Raft group.
@@ -490,7 +654,7 @@ async fn change_membership(
     };
     let target = build::pod_name(&name, node_id);
     let result = async {
-        cluster_api::Node::connect(leader, secret)
+        cluster_api::Node::connect(leader, secret, running.tls.as_ref())
             .await?
             .change(change)
             .await
@@ -686,6 +850,7 @@ fn deployed(config: Option<&ConfigMap>, set: Option<&StatefulSet>) -> Option<Dep
         idempotent_event_ids: data
             .get(build::IDEMPOTENT_BOUNDARIES_KEY)
             .is_some_and(|names| !names.is_empty()),
+        tls: data.contains_key(build::PEER_TLS_CA_KEY),
     })
 }
 
@@ -978,6 +1143,7 @@ mod tests {
             service_monitor: false,
             volume_reclaim_policy: VolumeReclaimPolicy::Retain,
             network_policy: None,
+            tls: false,
         }
     }
 
@@ -1003,12 +1169,14 @@ mod tests {
                 volume_size: Some("30Gi".into()),
                 storage_class_name: Some("fast".into()),
                 idempotent_event_ids: true,
+                tls: false,
             }
         );
         assert_eq!(deployed(None, Some(&objects.stateful_set)), None);
         let plain = build::build(
             &ValidBoundary {
                 idempotent_event_ids: false,
+                tls: false,
                 ..valid()
             },
             Capabilities::default(),

@@ -75,8 +75,8 @@ pub struct BoundarySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_secret_ref: Option<SecretRef>,
 
-    /// TLS on the client port. Not supported by this Cairn release yet: a spec with it is
-    /// refused (not applied).
+    /// TLS on the client port and mutual TLS between the nodes. Set at creation; cannot
+    /// change (a change is refused as ImmutableField).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
 
@@ -132,12 +132,40 @@ pub struct SecretRef {
     pub name: String,
 }
 
-/// TLS on the client port.
+/// TLS on the client port and mutual TLS between the nodes.
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TlsSpec {
-    /// A `kubernetes.io/tls` Secret with the server certificate and key.
-    pub secret_name: String,
+    /// Who issues the certificates. `operator`: the operator keeps a CA for the Boundary
+    /// (Secret `<name>-ca-key`, its certificate alone in `<name>-ca` for clients) and
+    /// issues each pod a certificate naming its peer DNS name and the client Service's
+    /// names, renewed well before expiry. `certManager` (with `issuerRef`): cert-manager
+    /// issues them (not supported by this release yet: refused).
+    pub mode: TlsMode,
+    /// The cert-manager Issuer or ClusterIssuer, for `certManager`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
+}
+
+/// Who issues a Boundary's certificates.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum TlsMode {
+    /// The operator, from a CA of the Boundary's own.
+    Operator,
+    /// cert-manager, from `issuerRef`.
+    CertManager,
+}
+
+/// A cert-manager issuer.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    /// Its name.
+    pub name: String,
+    /// `Issuer` (the default) or `ClusterIssuer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 /// Prometheus integration.

@@ -10,6 +10,7 @@
 //! port ([`cluster_api`]).
 
 pub mod build;
+pub mod certificates;
 pub mod cluster_api;
 pub mod controller;
 pub mod crd;

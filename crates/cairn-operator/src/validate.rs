@@ -6,7 +6,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
-use crate::crd::{Boundary, PlacementSpec, VolumeReclaimPolicy};
+use crate::crd::{Boundary, PlacementSpec, TlsMode, TlsSpec, VolumeReclaimPolicy};
 
 /// Voter counts a Boundary may have. Even counts are refused: four voters need three for a
 /// quorum and so survive one failure, like three.
@@ -50,6 +50,8 @@ pub struct Deployed {
     pub storage_class_name: Option<String>,
     /// Whether the boundary was declared with idempotent event ids (fixed at creation).
     pub idempotent_event_ids: bool,
+    /// Whether the nodes speak TLS (fixed at creation).
+    pub tls: bool,
 }
 
 impl Deployed {
@@ -120,6 +122,8 @@ pub struct ValidBoundary {
     pub volume_reclaim_policy: VolumeReclaimPolicy,
     /// The operator's pods, when the Boundary gets a NetworkPolicy.
     pub network_policy: Option<OperatorPods>,
+    /// The nodes speak TLS with certificates the operator issues.
+    pub tls: bool,
 }
 
 /// Why a spec was refused: the condition's reason and a message for the user.
@@ -152,6 +156,8 @@ pub enum InvalidReason {
     AdminSecretIncomplete,
     /// A feature the Cairn release does not have yet.
     Unsupported,
+    /// `tls` is inconsistent.
+    InvalidTls,
 }
 
 impl fmt::Display for InvalidReason {
@@ -166,6 +172,7 @@ impl fmt::Display for InvalidReason {
             InvalidReason::AdminSecretMissing => "AdminSecretMissing",
             InvalidReason::AdminSecretIncomplete => "AdminSecretIncomplete",
             InvalidReason::Unsupported => "Unsupported",
+            InvalidReason::InvalidTls => "InvalidTls",
         })
     }
 }
@@ -242,10 +249,40 @@ pub fn validate(
         ));
     };
 
-    if spec.tls.is_some() {
+    let tls = match &spec.tls {
+        None => false,
+        Some(TlsSpec {
+            mode: TlsMode::Operator,
+            issuer_ref: None,
+        }) => true,
+        Some(TlsSpec {
+            mode: TlsMode::Operator,
+            issuer_ref: Some(_),
+        }) => {
+            return Err(invalid(
+                InvalidReason::InvalidTls,
+                "tls.issuerRef goes with mode certManager; mode operator issues the certificates itself",
+            ));
+        }
+        Some(TlsSpec {
+            mode: TlsMode::CertManager,
+            ..
+        }) => {
+            return Err(invalid(
+                InvalidReason::Unsupported,
+                "tls.mode certManager is not supported by this release yet: use mode operator",
+            ));
+        }
+    };
+    if let Some(deployed) = &observed.deployed
+        && deployed.tls != tls
+    {
         return Err(invalid(
-            InvalidReason::Unsupported,
-            "tls needs a Cairn release that serves TLS, which this one does not yet",
+            InvalidReason::ImmutableField,
+            format!(
+                "tls cannot be {} on a running Boundary: the nodes would stop understanding each other; create a new Boundary",
+                if tls { "turned on" } else { "turned off" }
+            ),
         ));
     }
 
@@ -351,6 +388,7 @@ pub fn validate(
         service_monitor: spec.monitoring.service_monitor,
         volume_reclaim_policy: spec.volume_reclaim_policy,
         network_policy: defaults.network_policy.clone(),
+        tls,
     })
 }
 
@@ -431,6 +469,7 @@ mod tests {
             volume_size: None,
             storage_class_name: None,
             idempotent_event_ids: false,
+            tls: false,
         }
     }
 
@@ -612,6 +651,7 @@ mod tests {
         let idempotent = Observed {
             deployed: Some(Deployed {
                 idempotent_event_ids: true,
+                tls: false,
                 ..deployed()
             }),
             ..Observed::default()
@@ -628,10 +668,56 @@ mod tests {
     }
 
     #[test]
+    fn tls_by_the_operator_is_valid_and_fixed_at_creation() {
+        let valid = validate(
+            &boundary("tls: {mode: operator}"),
+            &Observed::default(),
+            &defaults(),
+        )
+        .expect("valid");
+        assert!(valid.tls);
+        assert_eq!(
+            reason(
+                "tls: {mode: operator, issuerRef: {name: ca}}",
+                &Observed::default()
+            ),
+            InvalidReason::InvalidTls
+        );
+        let plain_running = Observed {
+            deployed: Some(deployed()),
+            ..Observed::default()
+        };
+        assert_eq!(
+            reason("tls: {mode: operator}", &plain_running),
+            InvalidReason::ImmutableField
+        );
+        let tls_running = Observed {
+            deployed: Some(Deployed {
+                tls: true,
+                ..deployed()
+            }),
+            ..Observed::default()
+        };
+        assert_eq!(reason("{}", &tls_running), InvalidReason::ImmutableField);
+        assert!(
+            validate(
+                &boundary("tls: {mode: operator}"),
+                &tls_running,
+                &defaults()
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
     fn features_cairn_lacks_are_refused_not_ignored() {
         let mut b = boundary("{}");
         b.spec.tls = Some(TlsSpec {
-            secret_name: "orders-tls".into(),
+            mode: TlsMode::CertManager,
+            issuer_ref: Some(crate::crd::IssuerRef {
+                name: "ca".into(),
+                kind: None,
+            }),
         });
         assert_eq!(
             validate(&b, &Observed::default(), &defaults())

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cairn_operator::cluster_api::{Node, PodEndpoint};
+use cairn_operator::cluster_api::{Node, PeerTls, PodEndpoint};
 use cairn_operator::controller;
 use cairn_operator::crd::{BoundaryStatus, Phase};
 use cairn_operator::{Boundary, build};
@@ -30,24 +30,32 @@ use super::{
     manifest,
 };
 
-const BOUNDARY: &str = "orders";
+pub(crate) const BOUNDARY: &str = "orders";
 /// Set in the re-run of the test inside its own network namespace.
 const PRIVATE_NETWORK: &str = "CAIRN_TEST_PRIVATE_NETWORK";
 /// The pods' addresses: 198.18.0.0/24 (RFC 2544's benchmarking range) on the loopback
 /// interface of a private network namespace. The API server refuses loopback addresses
 /// (127/8) in a Service's Endpoints, and a namespace touches nothing outside the test.
-const POD_NETWORK: [u8; 3] = [198, 18, 0];
+pub(crate) const POD_NETWORK: [u8; 3] = [198, 18, 0];
 /// Starting processes, electing, joining and catching up: generous for a loaded 2-core CI.
-const CLUSTER_WAIT: Duration = Duration::from_secs(180);
+pub(crate) const CLUSTER_WAIT: Duration = Duration::from_secs(180);
 
 #[test]
 #[ignore = "needs a real kube-apiserver (../shared/tools/k8s-envtest) and root (unshare -n, unshare -m); run by .ci/run with --ignored"]
 fn a_boundary_runs_as_a_raft_cluster_of_real_cairn_processes() {
+    in_private_network(
+        "end_to_end::a_boundary_runs_as_a_raft_cluster_of_real_cairn_processes",
+        boundary_runs_as_a_cluster(),
+    );
+}
+
+/// Runs `test` (this binary's test `name`) inside a network namespace of its own, where
+/// the API server, the operator, the pods and the clients share a local pod network: the
+/// test binary re-runs itself there with [`PRIVATE_NETWORK`] set.
+pub fn in_private_network(name: &str, test: impl std::future::Future<Output = ()>) {
     if std::env::var_os(PRIVATE_NETWORK).is_none() {
         // Built out here: the namespace below has no route to the package mirrors.
         super::ensure_envtest_built();
-        // Everything (API server, operator, pods, client) runs in a network namespace of
-        // its own, where the pod network is local.
         let status = std::process::Command::new("unshare")
             .arg("-n")
             .arg("sh")
@@ -58,12 +66,7 @@ fn a_boundary_runs_as_a_raft_cluster_of_real_cairn_processes() {
                 POD_NETWORK[0], POD_NETWORK[1], POD_NETWORK[2]
             ))
             .arg(std::env::current_exe().expect("test binary"))
-            .args([
-                "end_to_end::a_boundary_runs_as_a_raft_cluster_of_real_cairn_processes",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-            ])
+            .args([name, "--exact", "--ignored", "--nocapture"])
             .env(PRIVATE_NETWORK, "1")
             .status()
             .expect("run unshare -n (needs root and iproute2)");
@@ -78,7 +81,7 @@ fn a_boundary_runs_as_a_raft_cluster_of_real_cairn_processes() {
         .enable_all()
         .build()
         .expect("runtime")
-        .block_on(boundary_runs_as_a_cluster());
+        .block_on(test);
 }
 
 async fn boundary_runs_as_a_cluster() {
@@ -273,7 +276,7 @@ async fn boundary_runs_as_a_cluster() {
     eventually_within("the wiped node to vote again", CLUSTER_WAIT, || {
         let (kubelet, secret) = (&kubelet, cluster_secret.as_str());
         async move {
-            let status = node_status(kubelet, secret, wiped).await?;
+            let status = node_status(kubelet, secret, None, wiped).await?;
             (status.standing == "voting").then_some(())
         }
     })
@@ -292,7 +295,7 @@ async fn boundary_runs_as_a_cluster() {
 }
 
 /// Waits for the status to be Active with exactly `voters` as voting members and a leader.
-async fn active_with(boundaries: &Api<Boundary>, voters: &[u64]) -> BoundaryStatus {
+pub(crate) async fn active_with(boundaries: &Api<Boundary>, voters: &[u64]) -> BoundaryStatus {
     eventually_within(
         &format!("Active with voters {voters:?}"),
         CLUSTER_WAIT,
@@ -320,13 +323,23 @@ async fn active_with(boundaries: &Api<Boundary>, voters: &[u64]) -> BoundaryStat
 /// Every pod of `voters` answers Cluster/Status with the same leader and exactly these
 /// voters; returns the leader's id.
 async fn agreed_leader(kubelet: &Kubelet, secret: &str, voters: &[u64]) -> u64 {
+    agreed_leader_over(kubelet, secret, None, voters).await
+}
+
+/// [`agreed_leader`], asking the pods with `tls` when the Boundary has TLS.
+pub async fn agreed_leader_over(
+    kubelet: &Kubelet,
+    secret: &str,
+    tls: Option<&PeerTls>,
+    voters: &[u64],
+) -> u64 {
     eventually_within(
         &format!("every node to agree on voters {voters:?}"),
         CLUSTER_WAIT,
         || async move {
             let mut leaders = Vec::new();
             for id in voters {
-                let status = node_status(kubelet, secret, *id).await?;
+                let status = node_status(kubelet, secret, tls, *id).await?;
                 let mut members: Vec<u64> = status
                     .members
                     .iter()
@@ -349,16 +362,21 @@ async fn agreed_leader(kubelet: &Kubelet, secret: &str, voters: &[u64]) -> u64 {
 async fn node_status(
     kubelet: &Kubelet,
     secret: &str,
+    tls: Option<&PeerTls>,
     node_id: u64,
 ) -> Option<cluster_pb::StatusResponse> {
     let pod = build::pod_name(BOUNDARY, node_id);
     let ip = kubelet.ip(&pod).await?;
     let endpoint = PodEndpoint {
         ordinal: i32::try_from(node_id).ok()? - 1,
+        host: format!(
+            "{pod}.{}.{NAMESPACE}.svc",
+            build::peer_service_name(BOUNDARY)
+        ),
         pod,
         ip: ip.to_string(),
     };
-    Node::connect(&endpoint, secret)
+    Node::connect(&endpoint, secret, tls)
         .await
         .ok()?
         .status()
@@ -366,7 +384,7 @@ async fn node_status(
         .ok()
 }
 
-async fn secret_value(secrets: &Api<Secret>, name: &str, key: &str) -> String {
+pub(crate) async fn secret_value(secrets: &Api<Secret>, name: &str, key: &str) -> String {
     let secret = secrets.get(name).await.expect("secret");
     let bytes = secret.data.and_then(|mut d| d.remove(key)).expect("key");
     String::from_utf8(bytes.0).expect("utf-8")
@@ -417,11 +435,11 @@ async fn events_on(kubelet: &Kubelet, credentials: &Credentials, id: u64) -> usi
         .len()
 }
 
-fn client_addr(ip: Ipv4Addr) -> SocketAddr {
+pub(crate) fn client_addr(ip: Ipv4Addr) -> SocketAddr {
     SocketAddr::from((ip, u16::try_from(build::CLIENT_PORT).expect("port")))
 }
 
-type EventStore =
+pub(crate) type EventStore =
     EventStoreClient<tonic::service::interceptor::InterceptedService<Channel, Credentials>>;
 
 fn event_store(addr: SocketAddr, credentials: &Credentials) -> EventStore {
@@ -433,7 +451,7 @@ fn event_store(addr: SocketAddr, credentials: &Credentials) -> EventStore {
     EventStoreClient::with_interceptor(channel, credentials.clone())
 }
 
-async fn all_events(client: &mut EventStore) -> Vec<pb::Event> {
+pub(crate) async fn all_events(client: &mut EventStore) -> Vec<pb::Event> {
     let events = client
         .get_events(pb::GetEventsRequest {
             query: None,
@@ -528,7 +546,7 @@ impl Writer {
 
 /// The `cairn` binary this build made (`target/<profile>/cairn`, beside this test's
 /// `deps/`), or `CAIRN_BIN`.
-fn cairn_binary() -> PathBuf {
+pub(crate) fn cairn_binary() -> PathBuf {
     let binary = std::env::var_os("CAIRN_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -547,7 +565,7 @@ fn cairn_binary() -> PathBuf {
 }
 
 /// Prints the pods' logs when the test fails.
-struct LogsOnFailure<'a>(&'a Kubelet);
+pub(crate) struct LogsOnFailure<'a>(pub(crate) &'a Kubelet);
 
 impl Drop for LogsOnFailure<'_> {
     fn drop(&mut self) {

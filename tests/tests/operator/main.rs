@@ -11,6 +11,7 @@ mod chart;
 mod end_to_end;
 mod kubelet;
 mod leader_election;
+mod tls_end_to_end;
 
 use std::path::PathBuf;
 use std::process::Command;

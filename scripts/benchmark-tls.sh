@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What TLS on the client port costs: write-conditional-1 at 64 clients over plaintext and
-# over TLS, back to back, in both orders (plain, tls, tls, plain), on a single node and on
-# a three-node cluster (clients spread over every node; the peer port stays plaintext).
+# What TLS costs: write-conditional-1 at 64 clients over plaintext and over TLS, back to
+# back, in both orders (plain, tls, tls, plain), on a single node and on a three-node
+# cluster (clients spread over every node; with TLS the peer ports speak mutual TLS too).
 # Both transports use tonic's client (`--transport tonic`), so only the TLS layer differs.
 # Each run starts fresh and seeds the boundary. Certificates: scripts/dev-certs.sh.
 # Results: $OUT (default bench-results/tls-<timestamp>/), JSON per run and summary.txt,
@@ -62,6 +62,8 @@ start() {
     return
   fi
   head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$work/secret"
+  local peer_tls=()
+  [ "$2" = tls ] && peer_tls=(--peer-tls-cert "$pki/node.crt" --peer-tls-key "$pki/node.key" --peer-tls-ca "$pki/ca.crt")
   local members="1=127.0.0.1:15406,2=127.0.0.1:15416,3=127.0.0.1:15426" id offset
   endpoints=""
   for id in 1 2 3; do
@@ -69,7 +71,8 @@ start() {
     "$cairn" serve --node-id "$id" --data-dir "$work/node-$id" \
       --listen "127.0.0.1:$(( 15405 + offset ))" --peer-listen "127.0.0.1:$(( 15406 + offset ))" \
       --http-listen "127.0.0.1:$(( 19864 + offset ))" --initial-members "$members" \
-      --cluster-secret-file "$work/secret" --allow-default-password "${tls[@]}" --log warn,cairn_server::server=info \
+      --cluster-secret-file "$work/secret" --allow-default-password "${tls[@]}" "${peer_tls[@]}" \
+      --log warn,cairn_server::server=info \
       >"$work/node-$id.log" 2>&1 &
     pids+=($!)
     endpoints="${endpoints:+$endpoints,}$scheme://127.0.0.1:$(( 15405 + offset ))"

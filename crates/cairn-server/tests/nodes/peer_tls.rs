@@ -247,3 +247,97 @@ async fn a_node_with_another_members_name_or_another_cas_certificate_cannot_join
         );
     }
 }
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn peer_certificate_expiry(metrics: &str) -> Option<i64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix("cairn_tls_certificate_expiry_timestamp_seconds{certificate=\"peer\"} ")?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewed_peer_certificates_reach_new_connections_without_a_restart() {
+    // The first certificates expire soon: once they have, a node that still presented its
+    // old one (to peers it dials, or to peers dialling it) would fail every new handshake.
+    let first_expiry = now() + 15;
+    let mut cluster =
+        Cluster::start_with_peer_tls_until(3, &["--tls-reload-secs", "1"], Some(first_expiry))
+            .await;
+    let ids = cluster.ids();
+    let mut es = client(&cluster, 1).await;
+    save(
+        &mut es,
+        vec![event("BeforeTheRenewal", r#"{"k":"v"}"#)],
+        vec![],
+    )
+    .await
+    .expect("a write");
+
+    // Every node's certificate is reissued in place (same name, new key, new expiry), as
+    // cert-manager or the operator would.
+    let renewed_until = 2_000_000_000;
+    for &id in &ids {
+        cluster.peer_pki().expect("peer TLS").issue_until(
+            &format!("node-{id}"),
+            &[advertised_host(id)],
+            Some(renewed_until),
+        );
+    }
+    for &id in &ids {
+        let http = cluster.node(id).http_addr;
+        wait_for(
+            &format!("node {id} to load its renewed certificate"),
+            || async move {
+                let metrics = http_get(http, "/metrics").await;
+                (peer_certificate_expiry(&metrics) == Some(renewed_until)).then_some(())
+            },
+        )
+        .await;
+    }
+
+    wait_for("the first certificates to expire", || async {
+        (now() > first_expiry + 1).then_some(())
+    })
+    .await;
+
+    // New connections carry the renewed certificates: a follower restarted dials and is
+    // dialled afresh, and a leader killed leaves an election over fresh connections.
+    let leader = cluster.leader_among(&ids).await;
+    let follower = others(&ids, leader)[0];
+    cluster.kill(follower);
+    cluster.restart(follower).await;
+    cluster.kill(leader);
+    let survivors = others(&ids, leader);
+    let new_leader = cluster.leader_among(&survivors).await;
+    assert_ne!(new_leader, leader);
+    let mut es = client(&cluster, survivors[0]).await;
+    let written = save(
+        &mut es,
+        vec![event("AfterTheRenewal", r#"{"k":"v"}"#)],
+        vec![],
+    )
+    .await
+    .expect("a write after the renewal");
+    cluster.restart(leader).await;
+    let index = cluster
+        .status(new_leader)
+        .await
+        .expect("status")
+        .last_log_index;
+    cluster.applied_everywhere(&ids, index).await;
+    for &id in &ids {
+        let events = all_events(&mut client(&cluster, id).await)
+            .await
+            .expect("read");
+        assert_eq!(events.len(), 2, "node {id}");
+        assert_eq!(events.last().and_then(|e| e.position), written.log_position);
+    }
+}

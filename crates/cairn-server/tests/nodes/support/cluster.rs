@@ -193,6 +193,8 @@ pub struct Cluster {
     /// The cluster CA when peers speak mutual TLS, and the certificate the harness and
     /// `cairn cluster` present (it names no member).
     peer_tls: Option<(PeerPki, PeerCert)>,
+    /// When the members' peer certificates expire (`None`: rcgen's far future).
+    peer_cert_not_after: Option<i64>,
     dir: tempfile::TempDir,
 }
 
@@ -211,10 +213,21 @@ impl Cluster {
     /// As [`Cluster::start`], the peers speaking mutual TLS: a CA made for the cluster,
     /// each node's certificate naming the host it advertises.
     pub async fn start_with_peer_tls(n: u64, extra: &[&str]) -> Cluster {
+        Cluster::start_with_peer_tls_until(n, extra, None).await
+    }
+
+    /// As [`Cluster::start_with_peer_tls`], the members' certificates expiring at
+    /// `not_after` (Unix seconds) when given.
+    pub async fn start_with_peer_tls_until(
+        n: u64,
+        extra: &[&str],
+        not_after: Option<i64>,
+    ) -> Cluster {
         let mut cluster = Cluster::unstarted(false);
         let pki = PeerPki::new(cluster.dir.path(), "cluster");
         let tool = pki.issue("harness", &[]);
         cluster.peer_tls = Some((pki, tool));
+        cluster.peer_cert_not_after = not_after;
         cluster.form(n, extra).await;
         cluster
     }
@@ -233,6 +246,7 @@ impl Cluster {
             disks: BTreeMap::new(),
             on_powercut_disks,
             peer_tls: None,
+            peer_cert_not_after: None,
             dir: tempfile::tempdir().expect("temp dir"),
         }
     }
@@ -643,7 +657,11 @@ impl Cluster {
         let advertise = self.member(id).advertise;
         let mut args = member_args(id, &advertise);
         if let Some((pki, _)) = &self.peer_tls {
-            let cert = pki.issue(&format!("node-{id}"), &[advertise.ip()]);
+            let cert = pki.issue_until(
+                &format!("node-{id}"),
+                &[advertise.ip()],
+                self.peer_cert_not_after,
+            );
             args.extend(cert.serve_args(pki));
         }
         args

@@ -80,11 +80,22 @@ impl PeerPki {
     /// A certificate named `file` whose SANs are `ips` (a node's advertised host; none
     /// for a tool that is no member).
     pub fn issue(&self, file: &str, ips: &[IpAddr]) -> PeerCert {
+        self.issue_until(file, ips, None)
+    }
+
+    /// As [`PeerPki::issue`], expiring at `not_after` (Unix seconds) when given: a renewal
+    /// written over the files of the same name.
+    pub fn issue_until(&self, file: &str, ips: &[IpAddr], not_after: Option<i64>) -> PeerCert {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, format!("{file} ({})", self.name));
         params.subject_alt_names = ips.iter().map(|ip| SanType::IpAddress(*ip)).collect();
+        if let Some(unix) = not_after {
+            let seconds = u64::try_from(unix).expect("after 1970");
+            params.not_after =
+                rcgen::date_time_ymd(1970, 1, 1) + std::time::Duration::from_secs(seconds);
+        }
         let key = KeyPair::generate().expect("key");
         let cert = params.signed_by(&key, &self.issuer).expect("certificate");
         let cert_file = self.dir.join(format!("{file}.crt"));

@@ -30,9 +30,19 @@ echo "-- rendered manifests validate against Kubernetes 1.33 (strict)"
   --set 'boundaries[0].name=orders' --set 'boundaries[0].spec.replicas=3' \
   | "$tools/kubernetes-validate" --strict -k 1.33.0 -
 
+echo "-- values.schema.json accepts both TLS modes"
+"$tools/helm" template cairn charts/cairn --set 'boundaries[0].name=a' \
+  --set 'boundaries[0].spec.tls.mode=operator' >/dev/null
+"$tools/helm" template cairn charts/cairn --set 'boundaries[0].name=a' \
+  --set 'boundaries[0].spec.tls.mode=certManager' \
+  --set 'boundaries[0].spec.tls.issuerRef.name=ca' >/dev/null
+
 echo "-- values.schema.json rejects bad values"
 for bad in "operator.logLevel=loud" "boundaries[0].name=Orders" "boundaries[0].spec.replicas=4" \
-           "operator.image.pullPolicy=Sometimes" "operator.replicas=0" "unknownValue=1"; do
+           "operator.image.pullPolicy=Sometimes" "operator.replicas=0" "unknownValue=1" \
+           "boundaries[0].name=a,boundaries[0].spec.tls.mode=vault" \
+           "boundaries[0].name=a,boundaries[0].spec.tls.mode=certManager" \
+           "boundaries[0].name=a,boundaries[0].spec.tls.mode=operator,boundaries[0].spec.tls.issuerRef.name=ca"; do
   if "$tools/helm" template cairn charts/cairn --set "$bad" >/dev/null 2>&1; then
     echo "values.schema.json accepted --set $bad" >&2
     exit 1

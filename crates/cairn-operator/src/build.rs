@@ -24,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::certificates::{CA_CERT_KEY, TLS_MOUNT, tls_secret_name};
+use crate::crd::TlsMode;
 use crate::validate::{OperatorPods, ValidBoundary};
 
 /// Client gRPC port (Orisun's default).
@@ -57,6 +58,9 @@ pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 /// keeps the size the volumes were created with (Kubernetes forbids changing it), so this is
 /// where a grown size is remembered (and what a later shrink is checked against).
 pub const VOLUME_SIZE_ANNOTATION: &str = "cairn.dev/volume-size";
+/// Annotation on the StatefulSet of a TLS Boundary: who issues its certificates
+/// (`operator` or `certManager`), which cannot change while it runs.
+pub const TLS_ISSUER_ANNOTATION: &str = "cairn.dev/tls-issuer";
 /// The label naming an object's part of the Boundary.
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 
@@ -140,12 +144,33 @@ pub fn pod_name(name: &str, node_id: u64) -> String {
 /// The ordinal of `pod` when it belongs to the StatefulSet `name`.
 pub fn pod_ordinal(name: &str, pod: &str) -> Option<i32> {
     let ordinal = pod.strip_prefix(name)?.strip_prefix('-')?;
-    // Digits only: "orders-extra-0" is not a pod of "orders".
-    ordinal
+    // Digits only: "orders-extra-0" is not a pod of "orders". And the name the StatefulSet
+    // gives ordinal N, exactly: "orders-01" parses as 1, matches the StatefulSet
+    // controller's pattern (so it may even adopt such a pod) but is no pod it created.
+    let parsed: i32 = ordinal
         .bytes()
         .all(|b| b.is_ascii_digit())
         .then(|| ordinal.parse().ok())
-        .flatten()
+        .flatten()?;
+    (parsed.to_string() == ordinal).then_some(parsed)
+}
+
+/// A TLS mode as the spec spells it.
+pub fn tls_mode_name(mode: TlsMode) -> &'static str {
+    match mode {
+        TlsMode::Operator => "operator",
+        TlsMode::CertManager => "certManager",
+    }
+}
+
+/// The TLS mode an annotation value names (a StatefulSet from before the annotation has TLS
+/// by the operator: the only mode then).
+pub fn tls_mode_named(value: Option<&str>) -> Option<TlsMode> {
+    match value {
+        None | Some("operator") => Some(TlsMode::Operator),
+        Some("certManager") => Some(TlsMode::CertManager),
+        Some(_) => None,
+    }
 }
 
 /// `--initial-members`: the voters the cluster is formed with. Pods beyond them join as
@@ -202,7 +227,7 @@ fn owner_reference(valid: &ValidBoundary) -> OwnerReference {
     }
 }
 
-fn metadata(valid: &ValidBoundary, name: String, component: &str) -> ObjectMeta {
+pub(crate) fn metadata(valid: &ValidBoundary, name: String, component: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: Some(valid.namespace.clone()),
@@ -331,7 +356,7 @@ fn config_map(valid: &ValidBoundary) -> ConfigMap {
         ]
         .map(|(k, v)| (k.to_string(), v)),
     );
-    if valid.tls {
+    if valid.tls.is_some() {
         data.insert(
             PEER_TLS_CA_KEY.to_string(),
             format!("{TLS_MOUNT}/{CA_CERT_KEY}"),
@@ -492,7 +517,7 @@ fn liveness_probe() -> Probe {
 /// ports (chosen by its pod name), and `cairn cluster` run in the pod verifies the node by
 /// its peer name although it dials 127.0.0.1.
 fn tls_env(valid: &ValidBoundary) -> Vec<EnvVar> {
-    if !valid.tls {
+    if valid.tls.is_none() {
         return Vec::new();
     }
     let value = |name: &str, value: String| EnvVar {
@@ -562,7 +587,7 @@ fn container(valid: &ValidBoundary, capabilities: Capabilities) -> Container {
             port("peer", PEER_PORT),
             port("http", HTTP_PORT),
         ]),
-        readiness_probe: Some(readiness_probe(capabilities, valid.tls)),
+        readiness_probe: Some(readiness_probe(capabilities, valid.tls.is_some())),
         liveness_probe: Some(liveness_probe()),
         resources: valid.resources.clone(),
         volume_mounts: Some(
@@ -580,7 +605,7 @@ fn container(valid: &ValidBoundary, capabilities: Capabilities) -> Container {
                 },
             ]
             .into_iter()
-            .chain(valid.tls.then(|| VolumeMount {
+            .chain(valid.tls.is_some().then(|| VolumeMount {
                 name: "tls".into(),
                 mount_path: TLS_MOUNT.into(),
                 read_only: Some(true),
@@ -671,7 +696,12 @@ fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities, pods: i32) ->
         volumes: Some(
             [("cluster-secret", cluster_secret_name(&valid.name))]
                 .into_iter()
-                .chain(valid.tls.then(|| ("tls", tls_secret_name(&valid.name))))
+                .chain(
+                    valid
+                        .tls
+                        .is_some()
+                        .then(|| ("tls", tls_secret_name(&valid.name))),
+                )
                 .map(|(volume, secret)| Volume {
                     name: volume.into(),
                     secret: Some(SecretVolumeSource {
@@ -686,10 +716,17 @@ fn stateful_set(valid: &ValidBoundary, capabilities: Capabilities, pods: i32) ->
         ..PodSpec::default()
     };
     let mut set_metadata = metadata(valid, valid.name.clone(), "node");
-    set_metadata.annotations = Some(BTreeMap::from([(
+    let mut annotations = BTreeMap::from([(
         VOLUME_SIZE_ANNOTATION.to_string(),
         valid.volume_size.clone(),
-    )]));
+    )]);
+    if let Some(issuer) = &valid.tls {
+        annotations.insert(
+            TLS_ISSUER_ANNOTATION.to_string(),
+            tls_mode_name(issuer.mode()).to_string(),
+        );
+    }
+    set_metadata.annotations = Some(annotations);
     StatefulSet {
         metadata: set_metadata,
         spec: Some(StatefulSetSpec {
@@ -752,6 +789,7 @@ fn service_monitor(valid: &ValidBoundary) -> serde_json::Value {
 mod tests {
     use super::*;
     use crate::crd::{PlacementSpec, VolumeReclaimPolicy};
+    use crate::validate::{CertManagerIssuer, Issuer};
 
     fn valid(replicas: i32) -> ValidBoundary {
         ValidBoundary {
@@ -773,7 +811,7 @@ mod tests {
             service_monitor: false,
             volume_reclaim_policy: VolumeReclaimPolicy::Retain,
             network_policy: None,
-            tls: false,
+            tls: None,
         }
     }
 
@@ -842,6 +880,8 @@ mod tests {
         assert_eq!(pod_ordinal("orders", "orders-extra-0"), None);
         assert_eq!(pod_ordinal("orders", "orders-"), None);
         assert_eq!(pod_ordinal("orders", "shop-0"), None);
+        assert_eq!(pod_ordinal("orders", "orders-01"), None);
+        assert_eq!(pod_ordinal("orders", "orders-0"), Some(0));
     }
 
     #[test]
@@ -1070,7 +1110,7 @@ mod tests {
     #[test]
     fn a_tls_boundary_mounts_its_pods_certificates_and_probes_over_http() {
         let valid = ValidBoundary {
-            tls: true,
+            tls: Some(Issuer::Operator),
             ..valid(3)
         };
         let grpc = Capabilities {
@@ -1120,6 +1160,41 @@ mod tests {
         assert_eq!(
             crate::pod_security::restricted_violations(pod),
             Vec::<String>::new()
+        );
+        let annotations = built.stateful_set.metadata.annotations.as_ref();
+        assert_eq!(
+            tls_mode_named(
+                annotations
+                    .and_then(|a| a.get(TLS_ISSUER_ANNOTATION))
+                    .map(String::as_str)
+            ),
+            Some(TlsMode::Operator)
+        );
+        // With cert-manager the pods see the same files: the operator gathers what
+        // cert-manager issued into the same Secret.
+        let by_cert_manager = build(
+            &ValidBoundary {
+                tls: Some(Issuer::CertManager(CertManagerIssuer {
+                    name: "ca".into(),
+                    kind: "Issuer".into(),
+                    group: "cert-manager.io".into(),
+                })),
+                ..valid.clone()
+            },
+            grpc,
+            &generated(),
+            3,
+        );
+        assert_eq!(pod_spec(&by_cert_manager), pod);
+        assert_eq!(by_cert_manager.config_map, built.config_map);
+        let annotations = by_cert_manager.stateful_set.metadata.annotations.as_ref();
+        assert_eq!(
+            tls_mode_named(
+                annotations
+                    .and_then(|a| a.get(TLS_ISSUER_ANNOTATION))
+                    .map(String::as_str)
+            ),
+            Some(TlsMode::CertManager)
         );
         // Without TLS: the plaintext peer port is allowed, nothing is mounted.
         let plain = objects(3);

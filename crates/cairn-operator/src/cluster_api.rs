@@ -355,6 +355,10 @@ mod tests {
             pod("orders-5", vec![owned_by("set-uid", false)]),
             pod("orders-9", mine()),
             pod("payments-0", mine()),
+            // The StatefulSet controller adopts an orphan whose name parses as one of its
+            // ordinals ("orders-01": ordinal 1), so an owner reference alone proves nothing
+            // for a name it would not have given.
+            pod("orders-01", mine()),
         ];
         assert_eq!(
             names(&trusted_endpoints("orders", &set(3), &pods)),

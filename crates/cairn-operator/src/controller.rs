@@ -27,14 +27,16 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::build::{self, Capabilities, FIELD_MANAGER, Generated, Objects};
+use crate::cert_manager;
 use crate::certificates;
 use crate::cluster_api::{self, PodEndpoint};
-use crate::crd::{Boundary, BoundaryStatus, Member, VolumeReclaimPolicy};
+use crate::crd::{Boundary, BoundaryStatus, Member, TlsMode, VolumeReclaimPolicy};
 use crate::membership::{self, Change, ClusterView};
 use crate::metrics::Metrics;
 use crate::status::{self, ClusterSummary, Observation, Volumes};
 use crate::validate::{
-    self, Deployed, Invalid, Observed, OperatorDefaults, SecretState, ValidBoundary,
+    self, CertManagerIssuer, Deployed, Invalid, Issuer, Observed, OperatorDefaults, SecretState,
+    ValidBoundary,
 };
 
 /// Removes what owner references do not: the volumes, when the policy says so.
@@ -287,12 +289,21 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
         admin_password: random_secret(),
         cluster_secret: random_secret(),
     };
-    let objects = build::build(&valid, context.capabilities, &generated, plan.pods);
 
-    // 4. Apply: the pods' certificates before the StatefulSet that mounts them.
-    if valid.tls {
-        ensure_certificates(&valid, client, plan.pods).await?;
+    // 4. Apply: the pods' certificates before the StatefulSet that mounts them, which runs
+    // no pod whose certificate is not there yet.
+    let mut pods = plan.pods;
+    let mut awaiting_certificates = None;
+    match &valid.tls {
+        None => {}
+        Some(Issuer::Operator) => ensure_certificates(&valid, client, plan.pods).await?,
+        Some(Issuer::CertManager(issuer)) => {
+            let gathered = gather_certificates(&valid, issuer, client, plan.pods).await?;
+            pods = plan.pods.min(gathered.ready.max(running.pods()));
+            awaiting_certificates = gathered.waiting;
+        }
     }
+    let objects = build::build(&valid, context.capabilities, &generated, pods);
     let set = apply_objects(&objects, client, &namespace, context.pdb_v1).await?;
 
     // 5. Membership sync, then status.
@@ -347,9 +358,11 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
             publish(context, boundary, &event).await;
         }
     }
+    let waiting = awaiting_certificates.is_some();
     let observation = Observation {
         cluster: summary(&name, &running.cluster, plan.settled),
         volumes,
+        awaiting_certificates,
         ..observe(Some(&set), valid.replicas)
     };
     let status = status::compute(
@@ -361,7 +374,8 @@ async fn apply(boundary: &Boundary, context: &Context) -> Result<Action, Error> 
         Timestamp::now(),
     );
     write_status(boundary, client, &status).await?;
-    Ok(Action::requeue(if plan.settled {
+    // Issued Secrets are not watched: while cert-manager works, look again soon.
+    Ok(Action::requeue(if plan.settled && !waiting {
         RESYNC
     } else {
         MEMBERSHIP_POLL
@@ -437,8 +451,9 @@ async fn dereference(
     .await?
     .and_then(|secret| secret.data?.remove(build::CLUSTER_SECRET_KEY))
     .and_then(|value| String::from_utf8(value.0).ok());
-    let tls = match &boundary.spec.tls {
-        Some(_) => operator_tls(boundary, &secrets).await?,
+    let tls = match boundary.spec.tls.as_ref().map(|t| t.mode) {
+        Some(TlsMode::Operator) => operator_tls(boundary, &secrets).await?,
+        Some(TlsMode::CertManager) => issued_operator_tls(&name, &secrets).await?,
         None => None,
     };
     let mut running = Running {
@@ -531,6 +546,128 @@ async fn operator_tls(
         cert_pem,
         key_pem,
     }))
+}
+
+/// The operator's certificate of a cert-manager Boundary, as cert-manager issued it, with
+/// the CAs the pods trust (`<name>-tls`, or the issued Secret's own before that exists).
+async fn issued_operator_tls(
+    name: &str,
+    secrets: &Api<Secret>,
+) -> Result<Option<cluster_api::PeerTls>, Error> {
+    let issued_name = cert_manager::operator_certificate_name(name);
+    let issued = bytes_of(get(secrets, &issued_name, "the operator's issued Secret").await?);
+    let pods = bytes_of(
+        get(
+            secrets,
+            &certificates::tls_secret_name(name),
+            "the TLS Secret",
+        )
+        .await?,
+    );
+    let text = |data: &BTreeMap<String, Vec<u8>>, key: &str| {
+        data.get(key)
+            .filter(|v| !v.is_empty())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let (Some(cert_pem), Some(key_pem)) = (
+        text(&issued, cert_manager::ISSUED_CERT),
+        text(&issued, cert_manager::ISSUED_KEY),
+    ) else {
+        return Ok(None);
+    };
+    let Some(ca_pem) =
+        text(&pods, certificates::CA_CERT_KEY).or_else(|| text(&issued, certificates::CA_CERT_KEY))
+    else {
+        return Ok(None);
+    };
+    Ok(Some(cluster_api::PeerTls {
+        ca_pem,
+        cert_pem,
+        key_pem,
+    }))
+}
+
+/// Asks cert-manager for the certificates of pods `0..pods` and the operator's, and gathers
+/// what it issued into `<name>-tls` (see [`cert_manager`]).
+async fn gather_certificates(
+    valid: &ValidBoundary,
+    issuer: &CertManagerIssuer,
+    client: &Client,
+    pods: i32,
+) -> Result<cert_manager::Gathered, Error> {
+    let gvk = cert_manager::gvk();
+    let resource = ApiResource::from_gvk_with_plural(&gvk, cert_manager::PLURAL);
+    let certificates_api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &valid.namespace, &resource);
+    let wanted = (0..pods)
+        .map(|ordinal| cert_manager::pod_certificate(valid, issuer, ordinal))
+        .chain([cert_manager::operator_certificate(valid, issuer)]);
+    for certificate in wanted {
+        let name = certificate["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let applied = certificates_api
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&certificate),
+            )
+            .await;
+        match applied {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Ok(cert_manager::Gathered {
+                    waiting: Some(format!(
+                        "cert-manager is not installed: the API server does not serve {} Certificates",
+                        cert_manager::API_VERSION
+                    )),
+                    ..cert_manager::Gathered::default()
+                });
+            }
+            Err(source) => {
+                return Err(Error::Apply {
+                    what: format!("Certificate {name}"),
+                    source,
+                });
+            }
+        }
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &valid.namespace);
+    let mut issued = BTreeMap::new();
+    for ordinal in 0..pods {
+        let name = cert_manager::pod_certificate_name(&valid.name, ordinal);
+        if let Some(secret) = get(&secrets, &name, "an issued Secret").await? {
+            issued.insert(ordinal, bytes_of(Some(secret)));
+        }
+    }
+    let operator = get(
+        &secrets,
+        &cert_manager::operator_certificate_name(&valid.name),
+        "the operator's issued Secret",
+    )
+    .await?
+    .map(|secret| bytes_of(Some(secret)));
+    let tls_name = certificates::tls_secret_name(&valid.name);
+    let current = bytes_of(get(&secrets, &tls_name, "the TLS Secret").await?);
+    let gathered = cert_manager::gather(&valid.name, pods, &issued, operator.as_ref(), &current);
+    if gathered.data != current && !gathered.data.is_empty() {
+        let text = gathered
+            .data
+            .iter()
+            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+            .collect();
+        server_side_apply(&secrets, &build::secret(valid, tls_name, text)).await?;
+        tracing::info!(
+            boundary = %valid.name,
+            ready = gathered.ready,
+            "gathered the certificates cert-manager issued"
+        );
+    }
+    if let Some(waiting) = &gathered.waiting {
+        tracing::info!(boundary = %valid.name, "{waiting}");
+    }
+    Ok(gathered)
 }
 
 /// Creates the Boundary's CA once, publishes its certificate for clients, and issues the
@@ -850,7 +987,17 @@ fn deployed(config: Option<&ConfigMap>, set: Option<&StatefulSet>) -> Option<Dep
         idempotent_event_ids: data
             .get(build::IDEMPOTENT_BOUNDARIES_KEY)
             .is_some_and(|names| !names.is_empty()),
-        tls: data.contains_key(build::PEER_TLS_CA_KEY),
+        tls: if data.contains_key(build::PEER_TLS_CA_KEY) {
+            build::tls_mode_named(
+                set?.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(build::TLS_ISSUER_ANNOTATION))
+                    .map(String::as_str),
+            )
+        } else {
+            None
+        },
     })
 }
 
@@ -868,6 +1015,7 @@ fn observe(set: Option<&StatefulSet>, replicas: i32) -> Observation {
         }),
         cluster: ClusterSummary::default(),
         volumes: Volumes::default(),
+        awaiting_certificates: None,
     }
 }
 
@@ -1143,7 +1291,7 @@ mod tests {
             service_monitor: false,
             volume_reclaim_policy: VolumeReclaimPolicy::Retain,
             network_policy: None,
-            tls: false,
+            tls: None,
         }
     }
 
@@ -1169,14 +1317,14 @@ mod tests {
                 volume_size: Some("30Gi".into()),
                 storage_class_name: Some("fast".into()),
                 idempotent_event_ids: true,
-                tls: false,
+                tls: None,
             }
         );
         assert_eq!(deployed(None, Some(&objects.stateful_set)), None);
         let plain = build::build(
             &ValidBoundary {
                 idempotent_event_ids: false,
-                tls: false,
+                tls: None,
                 ..valid()
             },
             Capabilities::default(),

@@ -139,8 +139,10 @@ pub struct TlsSpec {
     /// Who issues the certificates. `operator`: the operator keeps a CA for the Boundary
     /// (Secret `<name>-ca-key`, its certificate alone in `<name>-ca` for clients) and
     /// issues each pod a certificate naming its peer DNS name and the client Service's
-    /// names, renewed well before expiry. `certManager` (with `issuerRef`): cert-manager
-    /// issues them (not supported by this release yet: refused).
+    /// names, renewed well before expiry. `certManager` (with `issuerRef`): the operator
+    /// asks cert-manager for the same certificates (a `Certificate` per pod, and one for
+    /// itself) and hands each pod the Secret cert-manager fills; the issuer must put its CA
+    /// in the Secrets' `ca.crt` (a CA or Vault issuer does).
     pub mode: TlsMode,
     /// The cert-manager Issuer or ClusterIssuer, for `certManager`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,6 +168,9 @@ pub struct IssuerRef {
     /// `Issuer` (the default) or `ClusterIssuer`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
+    /// The issuer's API group: `cert-manager.io` (the default) or an external issuer's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Prometheus integration.

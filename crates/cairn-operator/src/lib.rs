@@ -10,6 +10,7 @@
 //! port ([`cluster_api`]).
 
 pub mod build;
+pub mod cert_manager;
 pub mod certificates;
 pub mod cluster_api;
 pub mod controller;

@@ -21,6 +21,8 @@ pub struct Observation {
     pub cluster: ClusterSummary,
     /// The volumes' growth, when `storage.size` grew.
     pub volumes: Volumes,
+    /// What the pods' certificates still wait for (cert-manager mode), when they do.
+    pub awaiting_certificates: Option<String>,
 }
 
 /// The claims of a Boundary against the size `storage.size` asks for.
@@ -114,11 +116,17 @@ pub fn compute(
         ),
     };
     let growing = observation.map_or(0, |o| o.volumes.growing);
+    let awaiting = observation.and_then(|o| o.awaiting_certificates.as_deref());
     let progressing: (&str, String, String) = match (invalid, phase) {
         (Some(_), _) => (
             "False",
             "SpecInvalid".into(),
             "the spec was refused; fix it to continue".to_string(),
+        ),
+        (None, _) if awaiting.is_some() => (
+            "True",
+            "WaitingForCertificates".into(),
+            awaiting.unwrap_or_default().to_string(),
         ),
         (None, _) if growing > 0 => (
             "True",
@@ -257,6 +265,27 @@ mod tests {
         );
     }
 
+    #[test]
+    fn waiting_for_certificates_is_what_progressing_says() {
+        let waiting = Observation {
+            replicas: 3,
+            awaiting_certificates: Some(
+                "waiting for cert-manager to issue Secret orders-0-cert".into(),
+            ),
+            ..Observation::default()
+        };
+        let status = compute("orders", "shop", Some(1), Ok(&waiting), None, at(10));
+        assert_eq!(status.phase, Some(Phase::Provisioning));
+        let progressing = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .expect("Progressing");
+        assert_eq!(progressing.status, "True");
+        assert_eq!(progressing.reason, "WaitingForCertificates");
+        assert!(progressing.message.contains("orders-0-cert"));
+    }
+
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).expect("timestamp")
     }
@@ -279,6 +308,7 @@ mod tests {
                 answered: ready as usize,
             },
             volumes: Volumes::default(),
+            awaiting_certificates: None,
         }
     }
 

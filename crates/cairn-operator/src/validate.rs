@@ -50,8 +50,8 @@ pub struct Deployed {
     pub storage_class_name: Option<String>,
     /// Whether the boundary was declared with idempotent event ids (fixed at creation).
     pub idempotent_event_ids: bool,
-    /// Whether the nodes speak TLS (fixed at creation).
-    pub tls: bool,
+    /// Who issues the nodes' certificates, when they speak TLS (fixed at creation).
+    pub tls: Option<TlsMode>,
 }
 
 impl Deployed {
@@ -122,9 +122,42 @@ pub struct ValidBoundary {
     pub volume_reclaim_policy: VolumeReclaimPolicy,
     /// The operator's pods, when the Boundary gets a NetworkPolicy.
     pub network_policy: Option<OperatorPods>,
-    /// The nodes speak TLS with certificates the operator issues.
-    pub tls: bool,
+    /// Who issues the nodes' certificates, when they speak TLS.
+    pub tls: Option<Issuer>,
 }
+
+/// Who issues the certificates of a TLS Boundary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Issuer {
+    /// The operator, from the Boundary's own CA.
+    Operator,
+    /// cert-manager, from this issuer.
+    CertManager(CertManagerIssuer),
+}
+
+impl Issuer {
+    /// The mode the spec names.
+    pub fn mode(&self) -> TlsMode {
+        match self {
+            Issuer::Operator => TlsMode::Operator,
+            Issuer::CertManager(_) => TlsMode::CertManager,
+        }
+    }
+}
+
+/// A cert-manager issuer with its defaults filled in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertManagerIssuer {
+    /// Its name.
+    pub name: String,
+    /// `Issuer`, `ClusterIssuer`, or an external issuer's kind.
+    pub kind: String,
+    /// Its API group.
+    pub group: String,
+}
+
+/// cert-manager's own API group, the default of `issuerRef.group`.
+pub const CERT_MANAGER_GROUP: &str = "cert-manager.io";
 
 /// Why a spec was refused: the condition's reason and a message for the user.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,8 +187,6 @@ pub enum InvalidReason {
     AdminSecretMissing,
     /// The admin Secret lacks `username` or `password`.
     AdminSecretIncomplete,
-    /// A feature the Cairn release does not have yet.
-    Unsupported,
     /// `tls` is inconsistent.
     InvalidTls,
 }
@@ -171,7 +202,6 @@ impl fmt::Display for InvalidReason {
             InvalidReason::ImmutableField => "ImmutableField",
             InvalidReason::AdminSecretMissing => "AdminSecretMissing",
             InvalidReason::AdminSecretIncomplete => "AdminSecretIncomplete",
-            InvalidReason::Unsupported => "Unsupported",
             InvalidReason::InvalidTls => "InvalidTls",
         })
     }
@@ -194,6 +224,52 @@ fn invalid(reason: InvalidReason, message: impl Into<String>) -> Invalid {
 /// Cairn's boundary names do not.
 pub fn default_boundary_name(resource_name: &str) -> String {
     resource_name.replace('-', "_")
+}
+
+/// `spec.tls`, checked: `issuerRef` goes with `certManager` and only with it.
+fn valid_issuer(tls: &TlsSpec) -> Result<Issuer, Invalid> {
+    match (tls.mode, &tls.issuer_ref) {
+        (TlsMode::Operator, None) => Ok(Issuer::Operator),
+        (TlsMode::Operator, Some(_)) => Err(invalid(
+            InvalidReason::InvalidTls,
+            "tls.issuerRef goes with mode certManager; mode operator issues the certificates itself",
+        )),
+        (TlsMode::CertManager, None) => Err(invalid(
+            InvalidReason::InvalidTls,
+            "tls mode certManager needs issuerRef: the cert-manager Issuer or ClusterIssuer that signs the nodes' certificates",
+        )),
+        (TlsMode::CertManager, Some(reference)) => {
+            if reference.name.is_empty() {
+                return Err(invalid(
+                    InvalidReason::InvalidTls,
+                    "tls.issuerRef.name is empty",
+                ));
+            }
+            let group = reference
+                .group
+                .clone()
+                .filter(|g| !g.is_empty())
+                .unwrap_or_else(|| CERT_MANAGER_GROUP.to_string());
+            let kind = reference
+                .kind
+                .clone()
+                .filter(|k| !k.is_empty())
+                .unwrap_or_else(|| "Issuer".to_string());
+            if group == CERT_MANAGER_GROUP && kind != "Issuer" && kind != "ClusterIssuer" {
+                return Err(invalid(
+                    InvalidReason::InvalidTls,
+                    format!(
+                        "tls.issuerRef.kind {kind:?} is not a cert-manager issuer: use Issuer or ClusterIssuer (or set group for an external issuer)"
+                    ),
+                ));
+            }
+            Ok(Issuer::CertManager(CertManagerIssuer {
+                name: reference.name.clone(),
+                kind,
+                group,
+            }))
+        }
+    }
 }
 
 /// Checks `boundary` against what runs, filling in defaults.
@@ -250,40 +326,26 @@ pub fn validate(
     };
 
     let tls = match &spec.tls {
-        None => false,
-        Some(TlsSpec {
-            mode: TlsMode::Operator,
-            issuer_ref: None,
-        }) => true,
-        Some(TlsSpec {
-            mode: TlsMode::Operator,
-            issuer_ref: Some(_),
-        }) => {
-            return Err(invalid(
-                InvalidReason::InvalidTls,
-                "tls.issuerRef goes with mode certManager; mode operator issues the certificates itself",
-            ));
-        }
-        Some(TlsSpec {
-            mode: TlsMode::CertManager,
-            ..
-        }) => {
-            return Err(invalid(
-                InvalidReason::Unsupported,
-                "tls.mode certManager is not supported by this release yet: use mode operator",
-            ));
-        }
+        None => None,
+        Some(tls) => Some(valid_issuer(tls)?),
     };
-    if let Some(deployed) = &observed.deployed
-        && deployed.tls != tls
-    {
-        return Err(invalid(
-            InvalidReason::ImmutableField,
-            format!(
-                "tls cannot be {} on a running Boundary: the nodes would stop understanding each other; create a new Boundary",
-                if tls { "turned on" } else { "turned off" }
-            ),
-        ));
+    if let Some(deployed) = &observed.deployed {
+        let wanted = tls.as_ref().map(Issuer::mode);
+        if deployed.tls != wanted {
+            let mode = |m: Option<TlsMode>| match m {
+                None => "off",
+                Some(TlsMode::Operator) => "mode operator",
+                Some(TlsMode::CertManager) => "mode certManager",
+            };
+            return Err(invalid(
+                InvalidReason::ImmutableField,
+                format!(
+                    "tls cannot change from {} to {} on a running Boundary: during the change the nodes would not trust each other's certificates; create a new Boundary",
+                    mode(deployed.tls),
+                    mode(wanted)
+                ),
+            ));
+        }
     }
 
     let mut initial_replicas = spec.replicas;
@@ -431,7 +493,7 @@ pub fn quantity_bytes(quantity: &str) -> Option<u128> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{BoundarySpec, TlsSpec};
+    use crate::crd::BoundarySpec;
     use kube::api::ObjectMeta;
 
     fn boundary(spec_yaml: &str) -> Boundary {
@@ -469,7 +531,7 @@ mod tests {
             volume_size: None,
             storage_class_name: None,
             idempotent_event_ids: false,
-            tls: false,
+            tls: None,
         }
     }
 
@@ -651,7 +713,7 @@ mod tests {
         let idempotent = Observed {
             deployed: Some(Deployed {
                 idempotent_event_ids: true,
-                tls: false,
+                tls: None,
                 ..deployed()
             }),
             ..Observed::default()
@@ -675,7 +737,7 @@ mod tests {
             &defaults(),
         )
         .expect("valid");
-        assert!(valid.tls);
+        assert_eq!(valid.tls, Some(Issuer::Operator));
         assert_eq!(
             reason(
                 "tls: {mode: operator, issuerRef: {name: ca}}",
@@ -693,12 +755,20 @@ mod tests {
         );
         let tls_running = Observed {
             deployed: Some(Deployed {
-                tls: true,
+                tls: Some(TlsMode::Operator),
                 ..deployed()
             }),
             ..Observed::default()
         };
         assert_eq!(reason("{}", &tls_running), InvalidReason::ImmutableField);
+        assert_eq!(
+            reason(
+                "tls: {mode: certManager, issuerRef: {name: ca}}",
+                &tls_running
+            ),
+            InvalidReason::ImmutableField,
+            "the issuer's CA is not the operator's: the nodes would not trust each other"
+        );
         assert!(
             validate(
                 &boundary("tls: {mode: operator}"),
@@ -710,20 +780,69 @@ mod tests {
     }
 
     #[test]
-    fn features_cairn_lacks_are_refused_not_ignored() {
-        let mut b = boundary("{}");
-        b.spec.tls = Some(TlsSpec {
-            mode: TlsMode::CertManager,
-            issuer_ref: Some(crate::crd::IssuerRef {
-                name: "ca".into(),
-                kind: None,
-            }),
-        });
+    fn tls_by_cert_manager_needs_an_issuer_and_fills_its_defaults() {
+        let valid = validate(
+            &boundary("tls: {mode: certManager, issuerRef: {name: ca}}"),
+            &Observed::default(),
+            &defaults(),
+        )
+        .expect("valid");
         assert_eq!(
-            validate(&b, &Observed::default(), &defaults())
-                .expect_err("invalid")
-                .reason,
-            InvalidReason::Unsupported
+            valid.tls,
+            Some(Issuer::CertManager(CertManagerIssuer {
+                name: "ca".into(),
+                kind: "Issuer".into(),
+                group: "cert-manager.io".into(),
+            }))
+        );
+        let cluster = validate(
+            &boundary("tls: {mode: certManager, issuerRef: {name: ca, kind: ClusterIssuer}}"),
+            &Observed::default(),
+            &defaults(),
+        )
+        .expect("valid");
+        assert!(matches!(cluster.tls, Some(Issuer::CertManager(i)) if i.kind == "ClusterIssuer"));
+        let external = validate(
+            &boundary(
+                "tls: {mode: certManager, issuerRef: {name: pca, kind: AWSPCAIssuer, group: awspca.cert-manager.io}}",
+            ),
+            &Observed::default(),
+            &defaults(),
+        )
+        .expect("an external issuer names its own kinds");
+        assert!(
+            matches!(external.tls, Some(Issuer::CertManager(i)) if i.group == "awspca.cert-manager.io")
+        );
+        for bad in [
+            "tls: {mode: certManager}",
+            "tls: {mode: certManager, issuerRef: {name: ''}}",
+            "tls: {mode: certManager, issuerRef: {name: ca, kind: Secret}}",
+        ] {
+            assert_eq!(
+                reason(bad, &Observed::default()),
+                InvalidReason::InvalidTls,
+                "{bad}"
+            );
+        }
+        let running = Observed {
+            deployed: Some(Deployed {
+                tls: Some(TlsMode::CertManager),
+                ..deployed()
+            }),
+            ..Observed::default()
+        };
+        assert!(
+            validate(
+                &boundary("tls: {mode: certManager, issuerRef: {name: other}}"),
+                &running,
+                &defaults()
+            )
+            .is_ok(),
+            "another issuer of the same mode is a renewal matter, not a new CA for the pods"
+        );
+        assert_eq!(
+            reason("tls: {mode: operator}", &running),
+            InvalidReason::ImmutableField
         );
     }
 

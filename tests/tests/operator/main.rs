@@ -7,6 +7,7 @@
 //! Gated (`#[ignore]`): `make test-real-servers` and `.ci/run` run them, with the tools found
 //! through `CAIRN_SHARED_TOOLS` (or `../shared/tools` beside the clone).
 
+mod cert_manager_end_to_end;
 mod chart;
 mod end_to_end;
 mod kubelet;
@@ -570,7 +571,7 @@ async fn bind_claims(client: &Client, name: &str, count: usize, capacity: &str) 
 }
 
 /// The condition `type_` of Boundary `name` once its reason is `reason`.
-async fn condition_with(
+pub(crate) async fn condition_with(
     boundaries: &Api<Boundary>,
     name: &str,
     type_: &str,
@@ -593,7 +594,7 @@ async fn condition_with(
 
 /// Wakes the operator for `name` now (it looks again every 30 s anyway): claims are not
 /// watched, a change to the Boundary is.
-async fn poke(client: &Client, name: &str) {
+pub(crate) async fn poke(client: &Client, name: &str) {
     boundaries_raw(client)
         .patch(
             name,

@@ -38,7 +38,11 @@ fn a_tls_boundary_runs_as_a_tls_cluster_a_client_reaches_with_the_ca() {
 
 /// A client of pod `ip`'s client port over TLS, trusting `ca` and expecting the client
 /// Service's name on the certificate.
-fn tls_event_store(ip: std::net::Ipv4Addr, ca: &str, credentials: &Credentials) -> EventStore {
+pub(crate) fn tls_event_store(
+    ip: std::net::Ipv4Addr,
+    ca: &str,
+    credentials: &Credentials,
+) -> EventStore {
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))
         .domain_name(format!("{BOUNDARY}.{NAMESPACE}.svc"));
@@ -227,6 +231,7 @@ async fn tls_boundary_runs_as_a_tls_cluster() {
         .data
         .expect("data");
     assert_eq!(again, pods_files, "a settled Boundary's certificates stay");
+
     operator.abort();
 }
 

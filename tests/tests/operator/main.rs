@@ -12,6 +12,7 @@ mod chart;
 mod end_to_end;
 mod kubelet;
 mod leader_election;
+mod rogue_pod_end_to_end;
 mod tls_end_to_end;
 
 use std::path::PathBuf;

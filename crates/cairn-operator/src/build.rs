@@ -786,12 +786,13 @@ fn service_monitor(valid: &ValidBoundary) -> serde_json::Value {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::crd::{PlacementSpec, VolumeReclaimPolicy};
     use crate::validate::{CertManagerIssuer, Issuer};
 
-    fn valid(replicas: i32) -> ValidBoundary {
+    /// A valid plaintext Boundary "orders" of `replicas` pods, for tests to vary.
+    pub(crate) fn valid(replicas: i32) -> ValidBoundary {
         ValidBoundary {
             name: "orders".into(),
             namespace: "shop".into(),

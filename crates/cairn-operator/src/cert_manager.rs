@@ -261,7 +261,6 @@ fn add_certificates(cas: &mut Vec<String>, bundle: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{PlacementSpec, VolumeReclaimPolicy};
     use crate::validate::Issuer;
 
     fn issuer() -> CertManagerIssuer {
@@ -274,25 +273,8 @@ mod tests {
 
     fn valid() -> ValidBoundary {
         ValidBoundary {
-            name: "orders".into(),
-            namespace: "shop".into(),
-            uid: "uid-1".into(),
-            boundary_name: "orders".into(),
-            replicas: 3,
-            initial_replicas: 3,
-            image: "cairn:test".into(),
-            storage_size: "10Gi".into(),
-            volume_size: "10Gi".into(),
-            storage_class_name: None,
-            idempotent_event_ids: false,
-            resources: None,
-            admin_secret: "orders-admin".into(),
-            generate_admin_secret: true,
-            placement: PlacementSpec::default(),
-            service_monitor: false,
-            volume_reclaim_policy: VolumeReclaimPolicy::Retain,
-            network_policy: None,
             tls: Some(Issuer::CertManager(issuer())),
+            ..crate::build::tests::valid(3)
         }
     }
 

@@ -9,10 +9,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_operator::build;
 use cairn_operator::cert_manager;
 use cairn_operator::certificates::{self, Authority, CA_CERT_KEY};
-use cairn_operator::controller;
-use cairn_operator::{Boundary, build};
 use cairn_tests::{Credentials, orisun as pb};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -22,15 +21,11 @@ use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, Post
 use kube::{Api, Client};
 
 use super::end_to_end::{
-    BOUNDARY, CLUSTER_WAIT, LogsOnFailure, POD_NETWORK, active_with, all_events, cairn_binary,
-    in_private_network, secret_value,
+    BOUNDARY, CLUSTER_WAIT, KubeletCluster, active_with, all_events, in_private_network,
+    secret_value,
 };
-use super::kubelet::Kubelet;
 use super::tls_end_to_end::tls_event_store;
-use super::{
-    Envtest, NAMESPACE, boundaries_raw, condition_with, create_namespace, discover, eventually,
-    eventually_within, install_crd, manifest, poke,
-};
+use super::{NAMESPACE, condition_with, eventually, eventually_within, poke};
 
 #[test]
 #[ignore = "needs a real kube-apiserver (../shared/tools/k8s-envtest) and root (unshare -n, unshare -m); run by .ci/run with --ignored"]
@@ -57,20 +52,7 @@ async fn install_certificate_crd(client: &Client) {
     crds.create(&PostParams::default(), &crd)
         .await
         .expect("install the Certificate CRD");
-    eventually("the Certificate CRD to be Established", || {
-        let crds = crds.clone();
-        async move {
-            crds.get("certificates.cert-manager.io")
-                .await
-                .ok()?
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await;
+    super::established(&crds, "certificates.cert-manager.io").await;
 }
 
 /// What cert-manager's controller does for a CA issuer: the Secret `spec.secretName` with a
@@ -139,38 +121,19 @@ async fn play_cert_manager(
 }
 
 async fn cert_manager_boundary() {
-    let envtest = Envtest::start();
-    let client = envtest.client().await;
-    install_crd(&client).await;
-    install_certificate_crd(&client).await;
-    create_namespace(&client).await;
-    let _controllers = envtest.start_controllers("endpoint,pvc-protection");
-    let kubelet = Kubelet::start(client.clone(), NAMESPACE, cairn_binary(), POD_NETWORK).await;
-    let _logs = LogsOnFailure(&kubelet);
-    let operator = tokio::spawn(controller::run(
-        Arc::new(discover(&client).await),
-        Some(NAMESPACE.into()),
-        std::future::pending(),
-    ));
-    let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
-    boundaries_raw(&client)
-        .create(
-            &PostParams::default(),
-            &manifest(
-                BOUNDARY,
-                serde_json::json!({
-                    "replicas": 3,
-                    "storage": {"size": "1Gi"},
-                    "tls": {"mode": "certManager", "issuerRef": {"name": "shop-ca", "kind": "ClusterIssuer"}},
-                }),
-            ),
-        )
-        .await
-        .expect("create the Boundary");
+    let cluster = KubeletCluster::start_with(install_certificate_crd).await;
+    let (client, kubelet) = (&cluster.client, &cluster.kubelet);
+    let boundaries = cluster
+        .create_boundary(serde_json::json!({
+            "replicas": 3,
+            "storage": {"size": "1Gi"},
+            "tls": {"mode": "certManager", "issuerRef": {"name": "shop-ca", "kind": "ClusterIssuer"}},
+        }))
+        .await;
 
     // The operator asks for a certificate per pod and one for itself, with the names the
     // pods answer to, from the issuer the spec names (read back: nothing was pruned).
-    let certificates = certificates_api(&client);
+    let certificates = certificates_api(client);
     let wanted: Vec<String> = (0..3)
         .map(|ordinal| cert_manager::pod_certificate_name(BOUNDARY, ordinal))
         .chain([cert_manager::operator_certificate_name(BOUNDARY)])
@@ -243,14 +206,22 @@ async fn cert_manager_boundary() {
         },
     )
     .await;
-    let waiting = condition_with(
-        &boundaries,
-        BOUNDARY,
-        "Progressing",
-        "WaitingForCertificates",
-    )
+    // The StatefulSet is written before the status in one pass: poll until the status
+    // names what is still awaited (it said orders-0-cert before anything was issued).
+    eventually("the status to name the withheld certificate", || {
+        let (boundaries, withhold) = (&boundaries, &withhold);
+        async move {
+            let waiting = condition_with(
+                boundaries,
+                BOUNDARY,
+                "Progressing",
+                "WaitingForCertificates",
+            )
+            .await;
+            waiting.message.contains(withhold.as_str()).then_some(())
+        }
+    })
     .await;
-    assert!(waiting.message.contains(&withhold), "{}", waiting.message);
 
     // Pod 2's certificate arrives: Active with three voters, reached over mutual TLS.
     withheld.send_replace(Vec::new());
@@ -338,7 +309,7 @@ async fn cert_manager_boundary() {
         renewed,
         gathered[&certificates::cert_key(&format!("{BOUNDARY}-0"))]
     );
-    poke(&client, BOUNDARY).await;
+    poke(client, BOUNDARY).await;
     eventually_within(
         "the renewal to reach the pods' Secret",
         CLUSTER_WAIT,
@@ -354,7 +325,6 @@ async fn cert_manager_boundary() {
     )
     .await;
     cert_manager_task.abort();
-    operator.abort();
 }
 
 fn now() -> i64 {

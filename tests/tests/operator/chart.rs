@@ -102,20 +102,7 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_api_server() {
     );
     assert!(installed.contains("STATUS: deployed"), "{installed}");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    eventually("the chart's CRD to be Established", || {
-        let crds = crds.clone();
-        async move {
-            crds.get("boundaries.cairn.dev")
-                .await
-                .ok()?
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await;
+    super::established(&crds, "boundaries.cairn.dev").await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
     let deployment = deployments
         .get("cairn")

@@ -19,15 +19,15 @@ use cairn_proto::cairn_v1 as cluster_pb;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
 use cairn_tests::{Credentials, orisun as pb};
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Pod, Secret};
-use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use super::kubelet::Kubelet;
 use super::{
-    Envtest, NAMESPACE, boundaries_raw, create_namespace, discover, eventually_within, install_crd,
-    manifest,
+    ChildGuard, Envtest, NAMESPACE, boundaries_raw, create_namespace, discover, eventually_within,
+    install_crd, manifest,
 };
 
 pub(crate) const BOUNDARY: &str = "orders";
@@ -85,37 +85,17 @@ pub fn in_private_network(name: &str, test: impl std::future::Future<Output = ()
 }
 
 async fn boundary_runs_as_a_cluster() {
-    let envtest = Envtest::start();
-    let client = envtest.client().await;
-    install_crd(&client).await;
-    create_namespace(&client).await;
-    // k8s-envtest runs the StatefulSet controller and the garbage collector; Services need
-    // the endpoints controller too.
-    let _controllers = envtest.start_controllers("endpoint,pvc-protection");
-    let kubelet = Kubelet::start(client.clone(), NAMESPACE, cairn_binary(), POD_NETWORK).await;
-    let _logs = LogsOnFailure(&kubelet);
-    let operator = tokio::spawn(controller::run(
-        Arc::new(discover(&client).await),
-        Some(NAMESPACE.into()),
-        std::future::pending(),
-    ));
-    let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
-    boundaries_raw(&client)
-        .create(
-            &PostParams::default(),
-            &manifest(
-                BOUNDARY,
-                serde_json::json!({"replicas": 3, "storage": {"size": "1Gi"}}),
-            ),
-        )
-        .await
-        .expect("create the Boundary");
+    let cluster = KubeletCluster::start().await;
+    let (client, kubelet) = (&cluster.client, &cluster.kubelet);
+    let boundaries = cluster
+        .create_boundary(serde_json::json!({"replicas": 3, "storage": {"size": "1Gi"}}))
+        .await;
 
     // Three real processes, one Raft group; the status names its real leader.
     let status = active_with(&boundaries, &[1, 2, 3]).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
     let cluster_secret = secret_value(&secrets, "orders-cluster", build::CLUSTER_SECRET_KEY).await;
-    let leader = agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
+    let leader = agreed_leader(kubelet, &cluster_secret, &[1, 2, 3]).await;
     assert_eq!(status.leader, Some(build::pod_name(BOUNDARY, leader)));
     assert_eq!(status.ready_replicas, 3);
 
@@ -152,7 +132,7 @@ async fn boundary_runs_as_a_cluster() {
     writer.wait_for(20).await;
     scale(&boundaries, 5).await;
     active_with(&boundaries, &[1, 2, 3, 4, 5]).await;
-    agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3, 4, 5]).await;
+    agreed_leader(kubelet, &cluster_secret, &[1, 2, 3, 4, 5]).await;
     let grown = writer.acknowledged();
     writer.wait_for(grown + 20).await;
 
@@ -163,7 +143,7 @@ async fn boundary_runs_as_a_cluster() {
         "the removed nodes' pods and volumes to go",
         CLUSTER_WAIT,
         || {
-            let (kubelet, claims) = (&kubelet, claims.clone());
+            let (kubelet, claims) = (kubelet, claims.clone());
             async move {
                 let pods_gone = kubelet.running().await.len() == 3;
                 let mut claims_gone = true;
@@ -175,7 +155,7 @@ async fn boundary_runs_as_a_cluster() {
         },
     )
     .await;
-    let leader = agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
+    let leader = agreed_leader(kubelet, &cluster_secret, &[1, 2, 3]).await;
     let shrunk = writer.acknowledged();
     writer.wait_for(shrunk + 20).await;
     let acknowledged = writer.stop().await;
@@ -196,7 +176,7 @@ async fn boundary_runs_as_a_cluster() {
     }
     for id in 1..=3 {
         assert_eq!(
-            events_on(&kubelet, &credentials, id).await,
+            events_on(kubelet, &credentials, id).await,
             events.len(),
             "node {id}"
         );
@@ -235,9 +215,9 @@ async fn boundary_runs_as_a_cluster() {
         claim_uid,
         "on the same volume"
     );
-    agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
+    agreed_leader(kubelet, &cluster_secret, &[1, 2, 3]).await;
     assert_eq!(
-        events_on(&kubelet, &credentials, leader).await,
+        events_on(kubelet, &credentials, leader).await,
         events.len(),
         "the recreated node has every event"
     );
@@ -246,7 +226,7 @@ async fn boundary_runs_as_a_cluster() {
     // both again and the pod starts, with the flags it always had, on an empty volume. It
     // must not vote on the log it lost: it rejoins, catches up and votes again, and every
     // node still holds every event.
-    let leader = agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
+    let leader = agreed_leader(kubelet, &cluster_secret, &[1, 2, 3]).await;
     let wiped = (1..=3).find(|&id| id != leader).expect("a follower");
     let wiped_pod = build::pod_name(BOUNDARY, wiped);
     let wiped_claim = format!("data-{wiped_pod}");
@@ -262,7 +242,7 @@ async fn boundary_runs_as_a_cluster() {
         "the follower's pod to come back on a new, empty claim",
         CLUSTER_WAIT,
         || {
-            let (kubelet, claims) = (&kubelet, claims.clone());
+            let (kubelet, claims) = (kubelet, claims.clone());
             let (wiped_pod, wiped_claim) = (wiped_pod.clone(), wiped_claim.clone());
             let lost_claim_uid = lost_claim_uid.clone();
             async move {
@@ -274,24 +254,23 @@ async fn boundary_runs_as_a_cluster() {
     )
     .await;
     eventually_within("the wiped node to vote again", CLUSTER_WAIT, || {
-        let (kubelet, secret) = (&kubelet, cluster_secret.as_str());
+        let (kubelet, secret) = (kubelet, cluster_secret.as_str());
         async move {
             let status = node_status(kubelet, secret, None, wiped).await?;
             (status.standing == "voting").then_some(())
         }
     })
     .await;
-    agreed_leader(&kubelet, &cluster_secret, &[1, 2, 3]).await;
+    agreed_leader(kubelet, &cluster_secret, &[1, 2, 3]).await;
     active_with(&boundaries, &[1, 2, 3]).await;
     for id in 1..=3 {
         assert_eq!(
-            events_on(&kubelet, &credentials, id).await,
+            events_on(kubelet, &credentials, id).await,
             events.len(),
             "node {id} after node {wiped} lost its volume"
         );
     }
     eprintln!("{wiped_pod} lost its volume, rejoined and votes again with every event");
-    operator.abort();
 }
 
 /// Waits for the status to be Active with exactly `voters` as voting members and a leader.
@@ -564,13 +543,62 @@ pub(crate) fn cairn_binary() -> PathBuf {
     binary
 }
 
-/// Prints the pods' logs when the test fails.
-pub(crate) struct LogsOnFailure<'a>(pub(crate) &'a Kubelet);
+/// What every test with the kubelet runs on: a control plane with the endpoints and
+/// claim-protection controllers, the test kubelet running the namespace's pods as `cairn`
+/// processes, and the operator. On failure it prints the pods' logs; dropped, it stops the
+/// operator, then the pods, then the control plane.
+pub(crate) struct KubeletCluster {
+    pub(crate) kubelet: Kubelet,
+    pub(crate) client: Client,
+    operator: JoinHandle<()>,
+    _controllers: ChildGuard,
+    _envtest: Envtest,
+}
 
-impl Drop for LogsOnFailure<'_> {
+impl KubeletCluster {
+    pub(crate) async fn start() -> KubeletCluster {
+        Self::start_with(async |_| {}).await
+    }
+
+    /// [`KubeletCluster::start`], with `prepare` installing what the operator must find
+    /// when it starts (cert-manager's CRD, say).
+    pub(crate) async fn start_with(prepare: impl AsyncFnOnce(&Client)) -> KubeletCluster {
+        let envtest = Envtest::start();
+        let client = envtest.client().await;
+        install_crd(&client).await;
+        prepare(&client).await;
+        create_namespace(&client).await;
+        let controllers = envtest.start_controllers("endpoint,pvc-protection");
+        let kubelet = Kubelet::start(client.clone(), NAMESPACE, cairn_binary(), POD_NETWORK).await;
+        let operator = tokio::spawn(controller::run(
+            Arc::new(discover(&client).await),
+            Some(NAMESPACE.into()),
+            std::future::pending(),
+        ));
+        KubeletCluster {
+            kubelet,
+            client,
+            operator,
+            _controllers: controllers,
+            _envtest: envtest,
+        }
+    }
+
+    /// Creates Boundary [`BOUNDARY`] with `spec`; the typed API to follow it with.
+    pub(crate) async fn create_boundary(&self, spec: serde_json::Value) -> Api<Boundary> {
+        boundaries_raw(&self.client)
+            .create(&PostParams::default(), &manifest(BOUNDARY, spec))
+            .await
+            .expect("create the Boundary");
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+}
+
+impl Drop for KubeletCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("{}", self.0.logs(40));
+            eprintln!("{}", self.kubelet.logs(40));
         }
+        self.operator.abort();
     }
 }

@@ -185,17 +185,24 @@ pub async fn install_crd(client: &Client) {
     )
     .await
     .expect("install the CRD");
-    eventually("the CRD to be Established", || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("boundaries.cairn.dev").await.ok()?;
-            crd.status?
+    established(&crds, "boundaries.cairn.dev").await;
+}
+
+/// Waits until the API server serves CRD `name` (its `Established` condition is True).
+pub async fn established(crds: &Api<CustomResourceDefinition>, name: &str) {
+    eventually(
+        &format!("the CRD {name} to be Established"),
+        || async move {
+            crds.get(name)
+                .await
+                .ok()?
+                .status?
                 .conditions?
                 .iter()
                 .any(|c| c.type_ == "Established" && c.status == "True")
                 .then_some(())
-        }
-    })
+        },
+    )
     .await;
 }
 

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cairn_operator::controller;
-use cairn_operator::{Boundary, build};
+use cairn_operator::build;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
@@ -22,14 +21,11 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::Mutex;
 
 use super::end_to_end::{
-    BOUNDARY, CLUSTER_WAIT, LogsOnFailure, POD_NETWORK, active_with, cairn_binary,
-    in_private_network, secret_value,
+    BOUNDARY, CLUSTER_WAIT, KubeletCluster, POD_NETWORK, active_with, in_private_network,
+    secret_value,
 };
-use super::kubelet::{Kubelet, NODE_NAME, NOT_RUN_LABEL, patch_status};
-use super::{
-    Envtest, NAMESPACE, boundaries_raw, create_namespace, discover, eventually_within, install_crd,
-    manifest, poke,
-};
+use super::kubelet::{NODE_NAME, NOT_RUN_LABEL, patch_status};
+use super::{NAMESPACE, eventually_within, poke};
 
 #[test]
 #[ignore = "needs a real kube-apiserver (../shared/tools/k8s-envtest) and root (unshare -n, unshare -m); run by .ci/run with --ignored"]
@@ -158,29 +154,11 @@ async fn create_rogue(
 }
 
 async fn rogue_pods_never_hear_from_the_operator() {
-    let envtest = Envtest::start();
-    let client = envtest.client().await;
-    install_crd(&client).await;
-    create_namespace(&client).await;
-    let _controllers = envtest.start_controllers("endpoint,pvc-protection");
-    let kubelet = Kubelet::start(client.clone(), NAMESPACE, cairn_binary(), POD_NETWORK).await;
-    let _logs = LogsOnFailure(&kubelet);
-    let operator = tokio::spawn(controller::run(
-        Arc::new(discover(&client).await),
-        Some(NAMESPACE.into()),
-        std::future::pending(),
-    ));
-    let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
-    boundaries_raw(&client)
-        .create(
-            &PostParams::default(),
-            &manifest(
-                BOUNDARY,
-                serde_json::json!({"replicas": 3, "storage": {"size": "1Gi"}}),
-            ),
-        )
-        .await
-        .expect("create the Boundary");
+    let cluster = KubeletCluster::start().await;
+    let (client, kubelet) = (&cluster.client, &cluster.kubelet);
+    let boundaries = cluster
+        .create_boundary(serde_json::json!({"replicas": 3, "storage": {"size": "1Gi"}}))
+        .await;
     active_with(&boundaries, &[1, 2, 3]).await;
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
@@ -216,7 +194,7 @@ async fn rogue_pods_never_hear_from_the_operator() {
     // Work that makes the operator dial pods: every reconcile asks the members who leads;
     // a member's pod going and coming back makes it re-check membership and the joins.
     for _ in 0..3 {
-        poke(&client, BOUNDARY).await;
+        poke(client, BOUNDARY).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let replaced = build::pod_name(BOUNDARY, 3);
@@ -225,7 +203,7 @@ async fn rogue_pods_never_hear_from_the_operator() {
         .await
         .expect("delete a member's pod");
     eventually_within("the member's pod to come back", CLUSTER_WAIT, || {
-        let (kubelet, pods, replaced) = (&kubelet, pods.clone(), replaced.clone());
+        let (kubelet, pods, replaced) = (kubelet, pods.clone(), replaced.clone());
         let old_uid = old_uid.clone();
         async move {
             let pod = pods.get_opt(&replaced).await.ok()??;
@@ -235,7 +213,7 @@ async fn rogue_pods_never_hear_from_the_operator() {
     .await;
     let status = active_with(&boundaries, &[1, 2, 3]).await;
     for _ in 0..3 {
-        poke(&client, BOUNDARY).await;
+        poke(client, BOUNDARY).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 
@@ -248,5 +226,4 @@ async fn rogue_pods_never_hear_from_the_operator() {
         "{} rogue pods with the Boundary's labels, Running and Ready, were never dialled",
         rogues.len()
     );
-    operator.abort();
 }

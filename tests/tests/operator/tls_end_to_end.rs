@@ -3,29 +3,22 @@
 //! TLS to each other and TLS to clients, and a client holding only the CA certificate from
 //! `<name>-ca` writes and reads.
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_operator::build;
 use cairn_operator::certificates::{self, CA_CERT_KEY};
 use cairn_operator::cluster_api::PeerTls;
-use cairn_operator::controller;
-use cairn_operator::{Boundary, build};
 use cairn_proto::orisun::event_store_client::EventStoreClient;
 use cairn_tests::{Credentials, orisun as pb};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::PostParams;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 use super::end_to_end::{
-    BOUNDARY, CLUSTER_WAIT, EventStore, LogsOnFailure, POD_NETWORK, active_with,
-    agreed_leader_over, all_events, cairn_binary, client_addr, in_private_network, secret_value,
+    BOUNDARY, CLUSTER_WAIT, EventStore, KubeletCluster, active_with, agreed_leader_over,
+    all_events, client_addr, in_private_network, secret_value,
 };
-use super::kubelet::Kubelet;
-use super::{
-    Envtest, NAMESPACE, boundaries_raw, create_namespace, discover, eventually_within, install_crd,
-    manifest,
-};
+use super::{NAMESPACE, eventually_within};
 
 #[test]
 #[ignore = "needs a real kube-apiserver (../shared/tools/k8s-envtest) and root (unshare -n, unshare -m); run by .ci/run with --ignored"]
@@ -57,33 +50,15 @@ pub(crate) fn tls_event_store(
 }
 
 async fn tls_boundary_runs_as_a_tls_cluster() {
-    let envtest = Envtest::start();
-    let client = envtest.client().await;
-    install_crd(&client).await;
-    create_namespace(&client).await;
-    let _controllers = envtest.start_controllers("endpoint,pvc-protection");
-    let kubelet = Kubelet::start(client.clone(), NAMESPACE, cairn_binary(), POD_NETWORK).await;
-    let _logs = LogsOnFailure(&kubelet);
-    let operator = tokio::spawn(controller::run(
-        Arc::new(discover(&client).await),
-        Some(NAMESPACE.into()),
-        std::future::pending(),
-    ));
-    let boundaries: Api<Boundary> = Api::namespaced(client.clone(), NAMESPACE);
-    boundaries_raw(&client)
-        .create(
-            &PostParams::default(),
-            &manifest(
-                BOUNDARY,
-                serde_json::json!({
-                    "replicas": 3,
-                    "storage": {"size": "1Gi"},
-                    "tls": {"mode": "operator"},
-                }),
-            ),
-        )
-        .await
-        .expect("create the Boundary");
+    let cluster = KubeletCluster::start().await;
+    let (client, kubelet) = (&cluster.client, &cluster.kubelet);
+    let boundaries = cluster
+        .create_boundary(serde_json::json!({
+            "replicas": 3,
+            "storage": {"size": "1Gi"},
+            "tls": {"mode": "operator"},
+        }))
+        .await;
 
     // Active with a leader: the operator reached the pods' peer ports over mutual TLS.
     let status = active_with(&boundaries, &[1, 2, 3]).await;
@@ -161,7 +136,7 @@ async fn tls_boundary_runs_as_a_tls_cluster() {
         build::CLUSTER_SECRET_KEY,
     )
     .await;
-    let leader = agreed_leader_over(&kubelet, &cluster_secret, Some(&peer_tls), &[1, 2, 3]).await;
+    let leader = agreed_leader_over(kubelet, &cluster_secret, Some(&peer_tls), &[1, 2, 3]).await;
     assert_eq!(status.leader, Some(build::pod_name(BOUNDARY, leader)));
 
     // A client with the CA writes through one pod and reads through another.
@@ -231,8 +206,6 @@ async fn tls_boundary_runs_as_a_tls_cluster() {
         .data
         .expect("data");
     assert_eq!(again, pods_files, "a settled Boundary's certificates stay");
-
-    operator.abort();
 }
 
 fn now() -> i64 {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use cairn_proto::cairn_v1::boundaries_client::BoundariesClient;
+use cairn_proto::cairn_v1::tokens_client::TokensClient;
 use cairn_proto::orisun as pb;
 use cairn_proto::orisun::admin_client::AdminClient;
 use cairn_proto::orisun::event_store_client::EventStoreClient;
@@ -72,6 +73,8 @@ pub struct Client {
     pub admin: AdminClient<InterceptedService<Channel, Credentials>>,
     /// Cairn's boundary extensions (`cairn.v1.Boundaries`).
     pub boundaries: BoundariesClient<InterceptedService<Channel, Credentials>>,
+    /// Cairn's session-token key administration (`cairn.v1.Tokens`).
+    pub tokens: TokensClient<InterceptedService<Channel, Credentials>>,
 }
 
 /// A server under test.
@@ -157,7 +160,11 @@ impl TestServer {
             es: EventStoreClient::with_interceptor(self.channel.clone(), credentials.clone())
                 .max_decoding_message_size(64 * 1024 * 1024),
             admin: AdminClient::with_interceptor(self.channel.clone(), credentials.clone()),
-            boundaries: BoundariesClient::with_interceptor(self.channel.clone(), credentials),
+            boundaries: BoundariesClient::with_interceptor(
+                self.channel.clone(),
+                credentials.clone(),
+            ),
+            tokens: TokensClient::with_interceptor(self.channel.clone(), credentials),
         }
     }
 
@@ -174,7 +181,8 @@ impl TestServer {
         Client {
             es: EventStoreClient::with_interceptor(channel.clone(), credentials.clone()),
             admin: AdminClient::with_interceptor(channel.clone(), credentials.clone()),
-            boundaries: BoundariesClient::with_interceptor(channel, credentials),
+            boundaries: BoundariesClient::with_interceptor(channel.clone(), credentials.clone()),
+            tokens: TokensClient::with_interceptor(channel, credentials),
         }
     }
 

@@ -5,6 +5,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
+/// Length of a session-token key: HMAC-SHA256 is as strong as its hash with a key of the
+/// hash's output length, and weaker with a shorter one.
+pub const TOKEN_KEY_BYTES: usize = 32;
+
 /// The two roles of the contract (A2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Role {

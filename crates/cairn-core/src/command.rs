@@ -208,6 +208,18 @@ pub enum Command {
     /// other state the entry changes nothing and the leader proposes the appends again.
     /// Never sent by a client and never forwarded: only a leader's proposer makes one.
     Planned(PlannedAppends),
+    /// Replace the session-token key (an administrator's rotation). Tokens signed with the
+    /// key it replaces stay valid until `at_unix_nanos + grace_nanos` (the leader's clock);
+    /// a key retired by an earlier rotation stops being accepted at once. Last among the
+    /// variants: postcard numbers them, and the earlier ones keep their numbers.
+    RotateTokenKey {
+        /// New random key.
+        key: Vec<u8>,
+        /// How long tokens of the replaced key stay valid, in nanoseconds (0: not at all).
+        grace_nanos: i64,
+        /// Leader's clock.
+        at_unix_nanos: i64,
+    },
 }
 
 /// The effects of a run of appends, computed by the leader against a known state.
@@ -290,6 +302,7 @@ impl Command {
             | Command::DropIndex { .. }
             | Command::DeleteUser { .. }
             | Command::SetPassword { .. }
+            | Command::RotateTokenKey { .. }
             | Command::Planned(_) => false,
         }
     }
@@ -306,7 +319,8 @@ impl Command {
                 user.updated_unix_nanos = now_unix_nanos;
             }
             Command::SetPassword { at_unix_nanos, .. }
-            | Command::AcquireLease { at_unix_nanos, .. } => *at_unix_nanos = now_unix_nanos,
+            | Command::AcquireLease { at_unix_nanos, .. }
+            | Command::RotateTokenKey { at_unix_nanos, .. } => *at_unix_nanos = now_unix_nanos,
             Command::Batch(commands) => {
                 for command in commands {
                     command.stamp(now_unix_nanos);
@@ -368,6 +382,21 @@ pub enum Applied {
     Done,
     /// The outcomes of a [`Command::Batch`], in order.
     Batch(Vec<Outcome>),
+    /// The session-token key was replaced (last among the variants, see
+    /// [`Command::RotateTokenKey`]).
+    TokenKeyRotated(TokenKeyState),
+}
+
+/// Which session-token key signs new tokens, and which retired one is still accepted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenKeyState {
+    /// Number of rotations so far: 0 for the key of the first start.
+    pub generation: u64,
+    /// When the current key replaced the previous one (leader's clock; 0 for the first).
+    pub rotated_unix_nanos: i64,
+    /// Until when tokens of the previous key are still accepted (leader's clock; 0 when
+    /// there is no previous key).
+    pub previous_accepted_until_unix_nanos: i64,
 }
 
 /// Result of applying a command; errors are deterministic outcomes (conflicts, duplicates),
@@ -422,6 +451,15 @@ mod tests {
             }
             .is_upkeep()
         );
+        assert!(
+            !Command::RotateTokenKey {
+                key: vec![1; 32],
+                grace_nanos: 0,
+                at_unix_nanos: 1,
+            }
+            .is_upkeep(),
+            "an administrator's rotation is refused on a full disk like any client change"
+        );
     }
 
     #[test]
@@ -452,6 +490,11 @@ mod tests {
             Command::DeleteUser {
                 user_id: "u".into(),
             },
+            Command::RotateTokenKey {
+                key: vec![1; 32],
+                grace_nanos: 7,
+                at_unix_nanos: 1,
+            },
         ]);
         let untouched = Command::DeleteUser {
             user_id: "u".into(),
@@ -472,6 +515,11 @@ mod tests {
                     ttl_nanos,
                     ..
                 } => assert_eq!((*at_unix_nanos, *ttl_nanos), (42, 5)),
+                Command::RotateTokenKey {
+                    at_unix_nanos,
+                    grace_nanos,
+                    ..
+                } => assert_eq!((*at_unix_nanos, *grace_nanos), (42, 7)),
                 other => assert_eq!(other, &untouched),
             }
         }

@@ -25,7 +25,8 @@ pub mod cairn_v1 {
 pub const ORISUN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/orisun_descriptor.bin");
 /// Encoded `FileDescriptorSet` of Cairn's own services (peer port reflection).
 pub const CAIRN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/cairn_descriptor.bin");
-/// Encoded `FileDescriptorSet` of Cairn's extensions on the client port (`cairn.v1.Boundaries`).
+/// Encoded `FileDescriptorSet` of Cairn's extensions on the client port (`cairn.v1.Boundaries`,
+/// `cairn.v1.Tokens`).
 pub const CAIRN_CLIENT_FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!("generated/cairn_client_descriptor.bin");
 

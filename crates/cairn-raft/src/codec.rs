@@ -315,4 +315,21 @@ mod tests {
             "the same bytes as a Vec<u8>"
         );
     }
+
+    #[test]
+    fn commands_added_later_leave_the_numbers_of_the_older_ones_alone() {
+        // Entries already in logs and snapshots name their command by postcard's variant
+        // number: a new command goes last, and these stay what they were when written.
+        let number = |command: &Command| encode(command).expect("encode")[1];
+        assert_eq!(number(&Command::InitTokenKey { key: vec![] }), 9);
+        assert_eq!(number(&Command::Batch(vec![])), 10);
+        let rotate = Command::RotateTokenKey {
+            key: vec![3; 32],
+            grace_nanos: 60_000_000_000,
+            at_unix_nanos: 1_800_000_000_000_000_000,
+        };
+        assert_eq!(number(&rotate), 12);
+        let bytes = encode(&rotate).expect("encode");
+        assert_eq!(decode::<Command>(&bytes).expect("decode"), rotate);
+    }
 }

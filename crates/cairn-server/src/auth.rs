@@ -10,6 +10,12 @@
 //! expires later than `login + max_age`, so a session (and a stolen token) ends then
 //! however busy it is.
 //!
+//! An administrator may rotate the key (`cairn.v1.Tokens/RotateKey`): new tokens are signed
+//! with the new key at once, and tokens of the key it replaced stay valid until the
+//! rotation's grace period ends (by the leader's clock), then stop, cached or not. Clients
+//! pick up new-key tokens from any response in the meantime. A key replaced by an earlier
+//! rotation is forgotten.
+//!
 //! Passwords are stored as argon2id PHC strings. Verifying one costs tens of milliseconds
 //! by design, so a successful Basic login is remembered under the SHA-256 of
 //! `username:password` (never the password itself) together with the credential generation
@@ -26,6 +32,7 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use cairn_core::Error;
 use cairn_core::auth::{Role, UserRecord};
+use cairn_core::command::TokenKeyState;
 use cairn_store::Store;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -110,6 +117,12 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+fn now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
 /// How long session tokens live.
 #[derive(Debug, Clone, Copy)]
 pub struct TokenLifetime {
@@ -138,15 +151,31 @@ struct Claims {
 }
 
 /// Tokens recently issued and verified. Expiry has one-second resolution, so a token issued
-/// in the same second for the same user and generation is exactly the token that would be
-/// signed again: reusing it keeps the sliding expiry unchanged while a busy client costs a
-/// map lookup instead of an HMAC per response.
+/// in the same second for the same user, credential generation and key is exactly the token
+/// that would be signed again: reusing it keeps the sliding expiry unchanged while a busy
+/// client costs a map lookup instead of an HMAC per response.
 #[derive(Default)]
 struct TokenCache {
-    /// Per user id: the last issued token with its credential generation and expiry.
-    issued: HashMap<String, (u64, u64, String)>,
-    /// Token text → its verified claims (the signature checked once).
-    verified: HashMap<String, Claims>,
+    /// Per user id: the last issued token with what it was signed for.
+    issued: HashMap<String, Issued>,
+    /// Token text → its verified claims and the generation of the key that signed it (the
+    /// signature checked once; the key's acceptance every time).
+    verified: HashMap<String, (Claims, u64)>,
+}
+
+/// A token handed out, and what would make it different if signed again.
+struct Issued {
+    credential_generation: u64,
+    expiry: u64,
+    key_generation: u64,
+    token: String,
+}
+
+/// The key that signs new tokens and the one it replaced, while that is still accepted.
+struct SigningKeys {
+    current: Vec<u8>,
+    generation: u64,
+    previous: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -224,10 +253,31 @@ impl Authenticator {
         }
     }
 
-    fn token_key(&self) -> Result<Vec<u8>, Error> {
+    /// The keys tokens may be signed with now.
+    fn signing_keys(&self) -> Result<SigningKeys, Error> {
+        let now = now_nanos();
         self.store
-            .with_catalog(|c| c.token_key.clone())
+            .with_catalog(|c| {
+                let state = &c.token_key_state;
+                c.token_key.clone().map(|current| SigningKeys {
+                    current,
+                    generation: state.generation,
+                    previous: c
+                        .previous_token_key
+                        .clone()
+                        .filter(|_| now < state.previous_accepted_until_unix_nanos),
+                })
+            })
             .ok_or_else(|| Error::Unavailable("node is still starting: no token key yet".into()))
+    }
+
+    /// Whether a token signed by the key of `generation` is still accepted at `now_nanos`:
+    /// the current key always, the one it replaced until the grace period ends, older ones
+    /// never.
+    fn key_accepted(state: &TokenKeyState, generation: u64, now_nanos: i64) -> bool {
+        generation == state.generation
+            || (generation + 1 == state.generation
+                && now_nanos < state.previous_accepted_until_unix_nanos)
     }
 
     fn mac(key: &[u8], payload: &[u8]) -> Result<Vec<u8>, Error> {
@@ -250,17 +300,22 @@ impl Authenticator {
             .ok_or_else(|| Error::Unauthenticated("user no longer exists".into()))?;
         let expiry = (now_secs() + self.lifetime.ttl.as_secs())
             .min(principal.logged_in_at + self.lifetime.max_age.as_secs());
-        if let Some((cached_generation, cached_expiry, token)) =
-            self.tokens().issued.get(&principal.user_id)
-            && (*cached_generation, *cached_expiry) == (generation, expiry)
+        let key_generation = self.store.with_catalog(|c| c.token_key_state.generation);
+        if let Some(issued) = self.tokens().issued.get(&principal.user_id)
+            && (
+                issued.credential_generation,
+                issued.expiry,
+                issued.key_generation,
+            ) == (generation, expiry, key_generation)
         {
-            return Ok(token.clone());
+            return Ok(issued.token.clone());
         }
         let payload = format!(
             "{}:{generation}:{expiry}:{}",
             principal.user_id, principal.logged_in_at
         );
-        let mac = Self::mac(&self.token_key()?, payload.as_bytes())?;
+        let keys = self.signing_keys()?;
+        let mac = Self::mac(&keys.current, payload.as_bytes())?;
         let token = format!(
             "{}.{}",
             URL_SAFE_NO_PAD.encode(payload),
@@ -268,7 +323,12 @@ impl Authenticator {
         );
         self.tokens().issued.insert(
             principal.user_id.clone(),
-            (generation, expiry, token.clone()),
+            Issued {
+                credential_generation: generation,
+                expiry,
+                key_generation: keys.generation,
+                token: token.clone(),
+            },
         );
         Ok(token)
     }
@@ -279,47 +339,69 @@ impl Authenticator {
 
     fn verify_token(&self, token: &str) -> Result<Principal, Error> {
         let token = token.trim();
-        if let Some(claims) = self.tokens().verified.get(token) {
-            return self.admit(claims);
+        if let Some((claims, key_generation)) = self.tokens().verified.get(token) {
+            return self.admit(claims, *key_generation);
         }
-        let claims = self.verify_signature(token)?;
-        let principal = self.admit(&claims);
+        let (claims, key_generation) = self.verify_signature(token)?;
+        let principal = self.admit(&claims, key_generation);
         let mut cache = self.tokens();
         if cache.verified.len() >= VERIFIED_TOKEN_CACHE_CAPACITY {
             cache.verified.clear();
         }
-        cache.verified.insert(token.to_string(), claims);
+        cache
+            .verified
+            .insert(token.to_string(), (claims, key_generation));
         principal
     }
 
-    /// The principal of correctly signed `claims`, if they are unexpired and the user still
-    /// has the credential generation they name.
-    fn admit(&self, claims: &Claims) -> Result<Principal, Error> {
+    /// The principal of `claims` signed by the key of `key_generation`, if they are
+    /// unexpired, the key is still accepted, and the user still has the credential
+    /// generation they name.
+    fn admit(&self, claims: &Claims, key_generation: u64) -> Result<Principal, Error> {
         let bad = || Error::from(AuthFailure::BadToken);
         let now = now_secs();
         if claims.expiry <= now || claims.logged_in_at + self.lifetime.max_age.as_secs() <= now {
             return Err(bad());
         }
-        self.store
-            .with_catalog(|c| match c.users.get(&claims.user_id) {
+        let now_nanos = now_nanos();
+        self.store.with_catalog(|c| {
+            if !Self::key_accepted(&c.token_key_state, key_generation, now_nanos) {
+                return Err(bad());
+            }
+            match c.users.get(&claims.user_id) {
                 Some(user) if user.credential_generation == claims.generation => {
                     Ok(Principal::of(user, claims.logged_in_at))
                 }
                 _ => Err(bad()),
-            })
+            }
+        })
     }
 
-    /// Checks a token's signature and parses its claims (not its expiry or generation,
-    /// which change meaning with time and with the catalog).
-    fn verify_signature(&self, token: &str) -> Result<Claims, Error> {
+    /// Checks a token's signature against the keys accepted now and parses its claims (not
+    /// its expiry or generation, which change meaning with time and with the catalog); with
+    /// them, the generation of the key that signed it.
+    fn verify_signature(&self, token: &str) -> Result<(Claims, u64), Error> {
         let bad = || Error::from(AuthFailure::BadToken);
         let (payload_b64, mac_b64) = token.split_once('.').ok_or_else(bad)?;
         let payload = URL_SAFE_NO_PAD.decode(payload_b64).map_err(|_| bad())?;
         let mac = URL_SAFE_NO_PAD.decode(mac_b64).map_err(|_| bad())?;
-        let mut verifier = Hmac::<Sha256>::new_from_slice(&self.token_key()?)
-            .map_err(|e| Error::internal(format!("bad token key: {e}")))?;
-        verifier.update(&payload);
-        verifier.verify_slice(&mac).map_err(|_| bad())?;
+        let keys = self.signing_keys()?;
+        let signed_by = |key: &[u8]| -> Result<bool, Error> {
+            let mut verifier = Hmac::<Sha256>::new_from_slice(key)
+                .map_err(|e| Error::internal(format!("bad token key: {e}")))?;
+            verifier.update(&payload);
+            Ok(verifier.verify_slice(&mac).is_ok())
+        };
+        let key_generation = if signed_by(&keys.current)? {
+            keys.generation
+        } else if let (Some(previous), Some(previous_generation)) =
+            (&keys.previous, keys.generation.checked_sub(1))
+            && signed_by(previous)?
+        {
+            previous_generation
+        } else {
+            return Err(bad());
+        };
         let payload = String::from_utf8(payload).map_err(|_| bad())?;
         let mut parts = payload.split(':');
         let (Some(user_id), Some(generation), Some(expiry), login, None) = (
@@ -338,12 +420,13 @@ impl Authenticator {
             // begun when this token was issued, so it ends within one maximum age too.
             None => expiry.saturating_sub(self.lifetime.ttl.as_secs()),
         };
-        Ok(Claims {
+        let claims = Claims {
             user_id: user_id.to_string(),
             generation: generation.parse().map_err(|_| bad())?,
             expiry,
             logged_in_at,
-        })
+        };
+        Ok((claims, key_generation))
     }
 
     async fn verify_basic(
@@ -568,7 +651,7 @@ mod tests {
         for _ in 0..3 {
             let before = now_secs();
             let token = auth.issue_token(&ann).expect("issue");
-            let claims = auth.verify_signature(&token).expect("signed");
+            let (claims, _) = auth.verify_signature(&token).expect("signed");
             assert!(
                 claims.expiry >= before + 3600,
                 "the session slides with each response"
@@ -591,7 +674,7 @@ mod tests {
         // from now, not an hour.
         ann.logged_in_at = now_secs() - 100;
         let token = auth.issue_token(&ann).expect("issue");
-        let claims = auth.verify_signature(&token).expect("signed");
+        let (claims, _) = auth.verify_signature(&token).expect("signed");
         assert_eq!(claims.logged_in_at, ann.logged_in_at);
         assert_eq!(claims.expiry, ann.logged_in_at + 600);
         let refreshed_for = auth.verify_token(&token).expect("valid");
@@ -606,7 +689,7 @@ mod tests {
     fn tokens_of_the_previous_format_live_one_maximum_age_at_most() {
         let (_dir, store, ann) = store_with_user();
         let auth = Authenticator::new(store, lifetime(3600, 600), test_checks());
-        let key = auth.token_key().expect("key");
+        let key = auth.signing_keys().expect("key").current;
         let old = |expiry: u64| {
             let payload = format!("{}:0:{expiry}", ann.user_id);
             let mac = Authenticator::mac(&key, payload.as_bytes()).expect("mac");
@@ -621,6 +704,65 @@ mod tests {
         assert!(fresh.logged_in_at + 5 >= now_secs());
         // Issued 20 minutes ago with a 60-minute TTL: unexpired, but past the maximum age.
         assert!(auth.verify_token(&old(now_secs() + 2400)).is_err());
+    }
+
+    fn rotate(store: &Store, key: u8, at_unix_nanos: i64, grace: Duration) {
+        store
+            .apply(
+                &cairn_core::command::Command::RotateTokenKey {
+                    key: vec![key; 32],
+                    grace_nanos: i64::try_from(grace.as_nanos()).expect("grace"),
+                    at_unix_nanos,
+                },
+                b"m",
+            )
+            .expect("apply")
+            .expect("rotated");
+    }
+
+    #[test]
+    fn tokens_of_the_replaced_key_live_through_the_grace_period_and_new_ones_use_the_new_key() {
+        let (_dir, store, ann) = store_with_user();
+        let auth = Authenticator::new(store.clone(), lifetime(3600, 86_400), test_checks());
+        let old = auth.issue_token(&ann).expect("issue");
+        assert_eq!(auth.verify_token(&old).expect("valid"), ann, "cached now");
+        rotate(&store, 8, now_nanos(), Duration::from_secs(3600));
+        assert_eq!(auth.verify_token(&old).expect("in the grace period"), ann);
+        // Another node, which never saw the token, takes it too.
+        let elsewhere = Authenticator::new(store.clone(), lifetime(3600, 86_400), test_checks());
+        assert_eq!(elsewhere.verify_token(&old).expect("previous key"), ann);
+        let new = auth.issue_token(&ann).expect("issue");
+        assert_ne!(new, old, "signed with the new key, not the cached token");
+        assert_eq!(elsewhere.verify_token(&new).expect("current key"), ann);
+        // A second rotation forgets the first key at once, however long its grace.
+        rotate(&store, 9, now_nanos(), Duration::from_secs(3600));
+        for verifier in [&auth, &elsewhere] {
+            assert!(verifier.verify_token(&old).is_err(), "two keys ago");
+            assert_eq!(verifier.verify_token(&new).expect("previous key"), ann);
+        }
+    }
+
+    #[test]
+    fn tokens_of_the_replaced_key_stop_when_the_grace_period_ends_even_if_cached() {
+        let (_dir, store, ann) = store_with_user();
+        let auth = Authenticator::new(store.clone(), lifetime(3600, 86_400), test_checks());
+        let old = auth.issue_token(&ann).expect("issue");
+        assert_eq!(auth.verify_token(&old).expect("valid"), ann, "cached now");
+        // Rotated ten seconds ago with five seconds of grace: over.
+        let ten_seconds_ago = now_nanos() - 10_000_000_000;
+        rotate(&store, 8, ten_seconds_ago, Duration::from_secs(5));
+        assert!(
+            auth.verify_token(&old).is_err(),
+            "cached, but its key is retired"
+        );
+        let fresh = Authenticator::new(store.clone(), lifetime(3600, 86_400), test_checks());
+        assert!(fresh.verify_token(&old).is_err(), "verified anew");
+        let new = auth.issue_token(&ann).expect("issue");
+        assert_eq!(fresh.verify_token(&new).expect("current key"), ann);
+        // No grace at all: a leaked key's tokens end with the rotation.
+        rotate(&store, 9, now_nanos(), Duration::ZERO);
+        assert!(auth.verify_token(&new).is_err());
+        assert!(fresh.verify_token(&new).is_err());
     }
 
     fn test_checks() -> Arc<PasswordChecks> {

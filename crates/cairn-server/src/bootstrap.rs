@@ -133,7 +133,7 @@ async fn propose_missing(node: &NodeState) -> Result<(), Error> {
     // Last: a node serves once it has the token key, and log order then guarantees it has
     // the admin user and the boundaries of the first start as well.
     if missing.token_key {
-        let mut key = vec![0u8; 32];
+        let mut key = vec![0u8; cairn_core::auth::TOKEN_KEY_BYTES];
         rand::thread_rng().fill_bytes(&mut key);
         node.execute(Command::InitTokenKey { key }).await?;
     }

@@ -82,6 +82,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("failed to shut down cleanly")?;
         }
         Command::Cluster(args) => crate::cluster_cli::run(args).await?,
+        Command::Tokens(args) => crate::tokens_cli::run(args).await?,
     }
     Ok(())
 }

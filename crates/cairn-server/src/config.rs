@@ -103,6 +103,8 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Inspect and change a running cluster through any member's peer port.
     Cluster(crate::cluster_cli::ClusterArgs),
+    /// Rotate the session-token key, or see its state, through any node's client port.
+    Tokens(crate::tokens_cli::TokensArgs),
 }
 
 /// Log output format.
@@ -1084,7 +1086,7 @@ mod tests {
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Serve(args) => args.validate().map_err(|e| e.to_string()),
-            Command::Cluster(_) => Err("not serve".to_string()),
+            Command::Cluster(_) | Command::Tokens(_) => Err("not serve".to_string()),
         }
     }
 

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod bootstrap;
 pub mod boundaries;
 pub mod cli;
+pub mod client_cli;
 pub mod cluster;
 pub mod cluster_cli;
 pub mod config;
@@ -25,6 +26,8 @@ pub mod server;
 pub mod state;
 pub mod subscription;
 pub mod tls;
+pub mod tokens;
+pub mod tokens_cli;
 
 pub use config::{Cli, ServeArgs, ServeConfig};
 pub use server::{RunningServer, ServerError, start, start_on};

@@ -64,6 +64,8 @@ pub const METHODS: &[Method] = &[
     method("/cairn.v1.Boundaries/CreateBoundary", ADMINS),
     method("/cairn.v1.Boundaries/GetBoundary", Access::AnyUser),
     method("/cairn.v1.Boundaries/ListBoundaries", Access::AnyUser),
+    method("/cairn.v1.Tokens/RotateKey", ADMINS),
+    method("/cairn.v1.Tokens/KeyStatus", ADMINS),
     method("/grpc.health.v1.Health/Check", Access::Public),
     method("/grpc.health.v1.Health/Watch", Access::Public),
     method(

@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use cairn_proto::cairn_v1::boundaries_server::BoundariesServer;
 use cairn_proto::cairn_v1::cluster_server::ClusterServer;
 use cairn_proto::cairn_v1::raft_server::RaftServer;
+use cairn_proto::cairn_v1::tokens_server::TokensServer;
 use cairn_proto::orisun::admin_server::AdminServer;
 use cairn_proto::orisun::event_store_server::EventStoreServer;
 use cairn_raft::{Formation, NoPeers, NodeOptions, PeerTransport, RaftNode};
@@ -36,6 +37,7 @@ use crate::peer::{
 };
 use crate::state::{NodeState, Ready};
 use crate::tls::TlsPort;
+use crate::tokens::TokensService;
 
 /// Time peers get to close their connections to a stopping node.
 const PEER_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -411,6 +413,9 @@ async fn serve_on(
         .max_encoding_message_size(max_reply)
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip);
+    let tokens = TokensServer::new(TokensService::new(ready.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max_reply);
 
     let limits = config.connection_limits;
     let tls = client_tls(config.tls.as_ref(), &metrics)?;
@@ -470,6 +475,7 @@ async fn serve_on(
             .add_service(event_store)
             .add_service(admin)
             .add_service(boundaries)
+            .add_service(tokens)
             .serve_with_incoming_shutdown(
                 client_acceptor.into_stream(),
                 grpc_stop.clone().cancelled_owned(),

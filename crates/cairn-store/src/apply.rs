@@ -2,8 +2,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use cairn_core::auth::TOKEN_KEY_BYTES;
 use cairn_core::boundary::{BoundaryInfo, BoundaryStatus};
-use cairn_core::command::{Append, Applied, Command, Outcome};
+use cairn_core::command::{Append, Applied, Command, Outcome, TokenKeyState};
 use cairn_core::error::EventIdReuse;
 use cairn_core::event::NewEvent;
 use cairn_core::{Criterion, Error, Position, Query, Tag};
@@ -325,6 +326,46 @@ impl Store {
                 Ok((
                     Ok(Applied::Done),
                     Some(Box::new(move |c: &mut Catalog| c.token_key = Some(key))),
+                ))
+            }
+            Command::RotateTokenKey {
+                key,
+                grace_nanos,
+                at_unix_nanos,
+            } => {
+                let Some((current, generation)) = self.with_catalog(|c| {
+                    c.token_key
+                        .clone()
+                        .map(|k| (k, c.token_key_state.generation))
+                }) else {
+                    return Err(Planned::Rejected(Error::FailedPrecondition(
+                        "the cluster has no session-token key to rotate yet".into(),
+                    )));
+                };
+                if key.len() < TOKEN_KEY_BYTES {
+                    return Err(Planned::Rejected(Error::InvalidArgument(format!(
+                        "a session-token key needs at least {TOKEN_KEY_BYTES} bytes, got {}",
+                        key.len()
+                    ))));
+                }
+                let state = TokenKeyState {
+                    generation: generation + 1,
+                    rotated_unix_nanos: *at_unix_nanos,
+                    previous_accepted_until_unix_nanos: at_unix_nanos
+                        .saturating_add((*grace_nanos).max(0)),
+                };
+                let cf = self.cf(CF_SM_META)?;
+                batch.put_cf(cf, meta::TOKEN_KEY, key);
+                batch.put_cf(cf, meta::PREVIOUS_TOKEN_KEY, &current);
+                batch.put_cf(cf, meta::TOKEN_KEY_STATE, encode_json(&state));
+                let key = key.clone();
+                Ok((
+                    Ok(Applied::TokenKeyRotated(state.clone())),
+                    Some(Box::new(move |c: &mut Catalog| {
+                        c.token_key = Some(key);
+                        c.previous_token_key = Some(current);
+                        c.token_key_state = state;
+                    })),
                 ))
             }
         }
@@ -915,6 +956,76 @@ mod tests {
         drop(store);
         let reopened = Store::open(dir.path(), &StoreOptions::default()).expect("reopen");
         assert_eq!(names(&reopened), left);
+    }
+
+    #[test]
+    fn a_rotated_token_key_keeps_only_the_key_it_replaced_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Store::open(dir.path(), &StoreOptions::default()).expect("open");
+        let rotate = |store: &Store, key: u8, at: i64| {
+            store
+                .apply(
+                    &Command::RotateTokenKey {
+                        key: vec![key; TOKEN_KEY_BYTES],
+                        grace_nanos: 10,
+                        at_unix_nanos: at,
+                    },
+                    b"m",
+                )
+                .expect("apply")
+        };
+        assert!(
+            matches!(rotate(&store, 2, 5), Err(Error::FailedPrecondition(_))),
+            "nothing to rotate before the first start's key"
+        );
+        store
+            .apply(&Command::InitTokenKey { key: vec![1; 32] }, b"m")
+            .expect("apply")
+            .expect("installed");
+        let short = store
+            .apply(
+                &Command::RotateTokenKey {
+                    key: vec![9; 16],
+                    grace_nanos: 0,
+                    at_unix_nanos: 1,
+                },
+                b"m",
+            )
+            .expect("apply");
+        assert!(matches!(short, Err(Error::InvalidArgument(_))), "{short:?}");
+        let keys = |store: &Store| {
+            store.with_catalog(|c| {
+                (
+                    c.token_key.clone(),
+                    c.previous_token_key.clone(),
+                    c.token_key_state.clone(),
+                )
+            })
+        };
+        assert_eq!(
+            keys(&store),
+            (Some(vec![1; 32]), None, TokenKeyState::default())
+        );
+        let first = TokenKeyState {
+            generation: 1,
+            rotated_unix_nanos: 100,
+            previous_accepted_until_unix_nanos: 110,
+        };
+        assert_eq!(rotate(&store, 2, 100), Ok(Applied::TokenKeyRotated(first)));
+        let second = TokenKeyState {
+            generation: 2,
+            rotated_unix_nanos: 200,
+            previous_accepted_until_unix_nanos: 210,
+        };
+        assert_eq!(
+            rotate(&store, 3, 200),
+            Ok(Applied::TokenKeyRotated(second.clone()))
+        );
+        let expected = (Some(vec![3; 32]), Some(vec![2; 32]), second);
+        assert_eq!(keys(&store), expected, "the first key is forgotten");
+        drop(store);
+        let reopened = Store::open(dir.path(), &StoreOptions::default()).expect("reopen");
+        assert_eq!(keys(&reopened), expected);
     }
 
     #[test]

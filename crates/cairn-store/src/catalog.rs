@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use cairn_core::auth::UserRecord;
 use cairn_core::boundary::{BoundaryInfo, BoundaryStatus};
-use cairn_core::command::IndexDefinition;
+use cairn_core::command::{IndexDefinition, TokenKeyState};
 use rocksdb::{DB, IteratorMode};
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +37,10 @@ pub struct Catalog {
     pub leases: BTreeMap<(u32, String), Lease>,
     /// Session-token key.
     pub token_key: Option<Vec<u8>>,
+    /// The key `token_key` replaced, accepted until `token_key_state` says.
+    pub previous_token_key: Option<Vec<u8>>,
+    /// Rotations of the session-token key.
+    pub token_key_state: TokenKeyState,
     /// Number of catalog changes so far (boundary positions are drawn from it).
     pub catalog_seq: i64,
     /// Id the next boundary gets.
@@ -90,6 +94,10 @@ impl Catalog {
             self.next_boundary_id = decode_json("next_boundary_id", v)?;
         } else if k == meta::TOKEN_KEY {
             self.token_key = Some(v.to_vec());
+        } else if k == meta::PREVIOUS_TOKEN_KEY {
+            self.previous_token_key = Some(v.to_vec());
+        } else if k == meta::TOKEN_KEY_STATE {
+            self.token_key_state = decode_json("token_key_state", v)?;
         } else if k.starts_with(meta::BOUNDARY) {
             let b: BoundaryInfo = decode_json("boundary", v)?;
             self.boundaries.insert(b.name.clone(), b);

@@ -208,6 +208,10 @@ pub mod meta {
     pub const NEXT_BOUNDARY_ID: &[u8] = b"next_boundary_id";
     /// Session-token key.
     pub const TOKEN_KEY: &[u8] = b"token_key";
+    /// The session-token key the current one replaced (absent before the first rotation).
+    pub const PREVIOUS_TOKEN_KEY: &[u8] = b"token_key_previous";
+    /// Rotation state of the session-token key, JSON (absent before the first rotation).
+    pub const TOKEN_KEY_STATE: &[u8] = b"token_key_state";
     /// Prefix of boundary records, by name.
     pub const BOUNDARY: &[u8] = b"bnd/";
     /// Prefix of user records, by id.

@@ -1,6 +1,6 @@
 use cairn_tests::orisun as pb;
 use cairn_tests::*;
-use tonic::Code;
+use tonic::{Code, Status};
 
 #[tokio::test]
 async fn a1_requests_without_valid_credentials_are_unauthenticated() {
@@ -508,4 +508,138 @@ async fn a4_user_administration_errors() {
         .await
         .expect_err("duplicate username");
     assert_eq!(duplicate.code(), Code::AlreadyExists);
+}
+
+async fn rotate(server: &TestServer, grace_seconds: Option<u64>) -> cairn_v1::TokenKeyStatus {
+    server
+        .client()
+        .tokens
+        .rotate_key(cairn_v1::RotateKeyRequest { grace_seconds })
+        .await
+        .expect("rotate")
+        .into_inner()
+        .status
+        .expect("a status")
+}
+
+async fn ping_with_token(server: &TestServer, token: &str) -> Result<String, Status> {
+    server
+        .client_with(Credentials::token(token))
+        .es
+        .ping(pb::PingRequest {})
+        .await
+        .map(|response| token_in(response.metadata()))
+}
+
+#[tokio::test]
+async fn a1_a_rotated_token_key_honours_old_tokens_for_the_grace_period_only() {
+    let server = TestServer::start().await;
+    server.create_user("dave", "pw", &["OPERATIONS"]).await;
+    let before = token_of(&server, "dave", "pw").await;
+    let first = rotate(&server, Some(3600)).await;
+    assert_eq!(first.generation, 1);
+    assert_eq!(
+        first.previous_accepted_until_unix_seconds - first.rotated_at_unix_seconds,
+        3600
+    );
+    // In the grace period the old token works, and the response hands out a new-key one.
+    let handed_out = ping_with_token(&server, &before)
+        .await
+        .expect("old token in the grace period");
+    assert_ne!(
+        handed_out, before,
+        "the response carries a token of the new key"
+    );
+    assert_eq!(
+        ping_with_token(&server, &handed_out)
+            .await
+            .expect("new key"),
+        handed_out,
+        "reused within the second"
+    );
+    // A rotation without grace (the key leaked) ends every token of the key it replaces.
+    let second = rotate(&server, Some(0)).await;
+    assert_eq!(second.generation, 2);
+    assert_eq!(
+        second.previous_accepted_until_unix_seconds,
+        second.rotated_at_unix_seconds
+    );
+    for stale in [&before, &handed_out] {
+        let refused = ping_with_token(&server, stale).await.expect_err("retired");
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    }
+    let after = token_of(&server, "dave", "pw").await;
+    ping_with_token(&server, &after).await.expect("current key");
+    let status = server
+        .client()
+        .tokens
+        .key_status(cairn_v1::KeyStatusRequest {})
+        .await
+        .expect("status")
+        .into_inner()
+        .status;
+    assert_eq!(status, Some(second));
+}
+
+#[tokio::test]
+async fn a3_rotating_the_token_key_needs_admin_and_a_grace_of_at_most_a_week() {
+    let server = TestServer::start().await;
+    server.create_user("erin", "pw", &["OPERATIONS"]).await;
+    let mut erin = server.client_with(Credentials::basic("erin", "pw"));
+    let denied = erin
+        .tokens
+        .rotate_key(cairn_v1::RotateKeyRequest {
+            grace_seconds: None,
+        })
+        .await
+        .expect_err("not an admin");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    let denied = erin
+        .tokens
+        .key_status(cairn_v1::KeyStatusRequest {})
+        .await
+        .expect_err("not an admin");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    let too_long = server
+        .client()
+        .tokens
+        .rotate_key(cairn_v1::RotateKeyRequest {
+            grace_seconds: Some(7 * 24 * 3600 + 1),
+        })
+        .await
+        .expect_err("longer than a week");
+    assert_eq!(too_long.code(), Code::InvalidArgument, "{too_long:?}");
+    assert!(too_long.message().contains("604800"), "{too_long:?}");
+    // Nothing changed; the default grace is a day.
+    let default = rotate(&server, None).await;
+    assert_eq!(default.generation, 1, "the refused rotation left no trace");
+    assert_eq!(
+        default.previous_accepted_until_unix_seconds - default.rotated_at_unix_seconds,
+        86_400
+    );
+}
+
+#[tokio::test]
+async fn a1_a_rotated_token_key_and_its_grace_period_survive_a_restart() {
+    let server = TestServer::start().await;
+    let before = token_of(&server, ADMIN.0, ADMIN.1).await;
+    rotate(&server, Some(3600)).await;
+    let after = token_of(&server, ADMIN.0, ADMIN.1).await;
+    let dir = server.stop().await;
+    let server = TestServer::start_in(dir, |_| {}).await;
+    for token in [&before, &after] {
+        ping_with_token(&server, token)
+            .await
+            .expect("both keys still accepted after a restart");
+    }
+    rotate(&server, Some(0)).await;
+    for token in [&before, &after] {
+        assert_eq!(
+            ping_with_token(&server, token)
+                .await
+                .expect_err("retired")
+                .code(),
+            Code::Unauthenticated
+        );
+    }
 }

@@ -287,8 +287,8 @@ async fn a1_health_and_reflection_answer_without_credentials_and_nothing_else_do
         .collect();
     assert_eq!(
         cairn,
-        ["cairn.v1.Boundaries"],
-        "of Cairn's services only the client extension is on the client port, not the peer ones"
+        ["cairn.v1.Boundaries", "cairn.v1.Tokens"],
+        "of Cairn's services only the client extensions are on the client port, not the peer ones"
     );
 
     let protected: Vec<&String> = methods
@@ -297,8 +297,8 @@ async fn a1_health_and_reflection_answer_without_credentials_and_nothing_else_do
         .collect();
     assert_eq!(
         protected.len(),
-        25,
-        "every Orisun method and Cairn's three boundary extensions: {protected:?}"
+        27,
+        "every Orisun method, Cairn's three boundary and two token-key extensions: {protected:?}"
     );
     for path in protected {
         for header in [

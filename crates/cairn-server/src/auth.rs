@@ -171,7 +171,8 @@ struct Issued {
     token: String,
 }
 
-/// The key that signs new tokens and the one it replaced, while that is still accepted.
+/// The key that signs new tokens and the one it replaced (whether that one is still
+/// accepted is [`Authenticator::key_accepted`]'s to say).
 struct SigningKeys {
     current: Vec<u8>,
     generation: u64,
@@ -253,19 +254,14 @@ impl Authenticator {
         }
     }
 
-    /// The keys tokens may be signed with now.
+    /// The keys a token may be signed with.
     fn signing_keys(&self) -> Result<SigningKeys, Error> {
-        let now = now_nanos();
         self.store
             .with_catalog(|c| {
-                let state = &c.token_key_state;
                 c.token_key.clone().map(|current| SigningKeys {
                     current,
-                    generation: state.generation,
-                    previous: c
-                        .previous_token_key
-                        .clone()
-                        .filter(|_| now < state.previous_accepted_until_unix_nanos),
+                    generation: c.token_key_state.generation,
+                    previous: c.previous_token_key.clone(),
                 })
             })
             .ok_or_else(|| Error::Unavailable("node is still starting: no token key yet".into()))
@@ -290,17 +286,16 @@ impl Authenticator {
     /// A fresh session token for `principal`, valid for the configured TTL but never past
     /// the session's maximum age.
     pub fn issue_token(&self, principal: &Principal) -> Result<String, Error> {
-        let generation = self
+        let (generation, key_generation) = self
             .store
             .with_catalog(|c| {
                 c.users
                     .get(&principal.user_id)
-                    .map(|u| u.credential_generation)
+                    .map(|u| (u.credential_generation, c.token_key_state.generation))
             })
             .ok_or_else(|| Error::Unauthenticated("user no longer exists".into()))?;
         let expiry = (now_secs() + self.lifetime.ttl.as_secs())
             .min(principal.logged_in_at + self.lifetime.max_age.as_secs());
-        let key_generation = self.store.with_catalog(|c| c.token_key_state.generation);
         if let Some(issued) = self.tokens().issued.get(&principal.user_id)
             && (
                 issued.credential_generation,
@@ -377,9 +372,9 @@ impl Authenticator {
         })
     }
 
-    /// Checks a token's signature against the keys accepted now and parses its claims (not
-    /// its expiry or generation, which change meaning with time and with the catalog); with
-    /// them, the generation of the key that signed it.
+    /// Checks a token's signature against the current and the previous key and parses its
+    /// claims (not its expiry, generation or key's acceptance, which change meaning with
+    /// time and with the catalog); with them, the generation of the key that signed it.
     fn verify_signature(&self, token: &str) -> Result<(Claims, u64), Error> {
         let bad = || Error::from(AuthFailure::BadToken);
         let (payload_b64, mac_b64) = token.split_once('.').ok_or_else(bad)?;

@@ -1,7 +1,7 @@
 //! What every `cairn` command that calls a node's client port shares: where the node is,
 //! how to log in, how to speak TLS to it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use base64::Engine;
@@ -92,8 +92,36 @@ impl Interceptor for Credentials {
     }
 }
 
-fn read(flag: &str, path: &PathBuf) -> anyhow::Result<Vec<u8>> {
+/// The contents of the file `flag` names, or an error saying which flag.
+fn read(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("failed to read {flag} {}", path.display()))
+}
+
+/// TLS to a node (client or peer port): the CA of `--tls-ca`, the certificate and key of
+/// `--tls-cert`/`--tls-key` to present, and the name of `--tls-server-name` to expect.
+pub(crate) fn dial_tls(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    server_name: Option<&str>,
+) -> anyhow::Result<ClientTlsConfig> {
+    let mut tls =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read("--tls-ca", ca)?));
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(
+            read("--tls-cert", cert)?,
+            read("--tls-key", key)?,
+        ));
+    }
+    if let Some(name) = server_name {
+        tls = tls.domain_name(name);
+    }
+    Ok(tls)
+}
+
+/// Whether a plaintext call failed on a TLS port: it fails in HTTP/2 framing, which says
+/// nothing of TLS.
+pub(crate) fn met_a_tls_port(status: &tonic::Status) -> bool {
+    status.message().contains("h2 protocol error")
 }
 
 impl ClientPortArgs {
@@ -113,21 +141,11 @@ impl ClientPortArgs {
     }
 
     fn tls(&self) -> anyhow::Result<Option<ClientTlsConfig>> {
-        let Some(ca) = &self.tls_ca else {
-            return Ok(None);
-        };
-        let mut tls =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read("--tls-ca", ca)?));
-        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
-            tls = tls.identity(Identity::from_pem(
-                read("--tls-cert", cert)?,
-                read("--tls-key", key)?,
-            ));
-        }
-        if let Some(name) = &self.tls_server_name {
-            tls = tls.domain_name(name.clone());
-        }
-        Ok(Some(tls))
+        let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        self.tls_ca
+            .as_deref()
+            .map(|ca| dial_tls(ca, identity, self.tls_server_name.as_deref()))
+            .transpose()
     }
 
     /// A connection to the endpoint and the credentials to send on it.
@@ -158,7 +176,7 @@ impl ClientPortArgs {
     /// A failed call, said for a person: the endpoint, the code, the server's message, and
     /// a hint when a plaintext call met a TLS port.
     pub fn failed(&self, status: &tonic::Status) -> anyhow::Error {
-        let hint = if self.tls_ca.is_none() && status.message().contains("h2 protocol error") {
+        let hint = if self.tls_ca.is_none() && met_a_tls_port(status) {
             " (if its client port speaks TLS, pass --tls-ca)"
         } else {
             ""

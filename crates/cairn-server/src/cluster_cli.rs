@@ -122,21 +122,7 @@ fn dial_tls(args: &ClusterArgs) -> anyhow::Result<Option<tonic::transport::Clien
     let (Some(ca), Some(cert), Some(key)) = (&args.tls_ca, &args.tls_cert, &args.tls_key) else {
         return Ok(None);
     };
-    let read = |flag: &str, path: &PathBuf| {
-        std::fs::read(path).with_context(|| format!("failed to read {flag} {}", path.display()))
-    };
-    let mut tls = tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(read(
-            "--tls-ca", ca,
-        )?))
-        .identity(tonic::transport::Identity::from_pem(
-            read("--tls-cert", cert)?,
-            read("--tls-key", key)?,
-        ));
-    if let Some(name) = &args.tls_server_name {
-        tls = tls.domain_name(name.clone());
-    }
-    Ok(Some(tls))
+    crate::client_cli::dial_tls(ca, Some((cert, key)), args.tls_server_name.as_deref()).map(Some)
 }
 
 fn describe(status: &tonic::Status) -> String {
@@ -160,8 +146,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         .map_err(|s| anyhow::anyhow!("{}", describe(&s)))?;
     let plaintext = args.tls_ca.is_none();
     let failed = |s: tonic::Status| {
-        // A plaintext call to a TLS port fails in HTTP/2 framing, which says nothing of TLS.
-        let hint = if plaintext && s.message().contains("h2 protocol error") {
+        let hint = if plaintext && crate::client_cli::met_a_tls_port(&s) {
             " (if its peer port speaks TLS, pass --tls-ca, --tls-cert and --tls-key)"
         } else {
             ""

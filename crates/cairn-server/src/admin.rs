@@ -95,6 +95,7 @@ pub async fn create_user(
         credential_generation: 0,
     };
     match node
+        .router
         .execute(Command::CreateUser { user, if_absent })
         .await?
     {
@@ -106,7 +107,7 @@ pub async fn create_user(
 /// The boundary named `name`, as of a linearizable read (NOT_FOUND when there is none).
 pub(crate) async fn find_boundary(node: &NodeState, name: &str) -> Result<BoundaryInfo, Error> {
     validate_boundary_name(name)?;
-    node.read_barrier().await?;
+    node.router.read_barrier().await?;
     node.store()
         .with_catalog(|c| c.boundaries.get(name).cloned())
         .ok_or_else(|| Error::NotFound(format!("boundary \"{name}\" not found")))
@@ -123,6 +124,7 @@ impl Admin for AdminService {
         let result = async {
             validate_boundary_name(&req.name)?;
             let applied = node
+                .router
                 .execute(Command::CreateBoundary {
                     name: req.name,
                     description: req.description,
@@ -149,7 +151,7 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ListBoundariesResponse>, Status> {
         let node = node_of(&self.ready)?;
         let result = async {
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let boundaries = node
                 .store()
                 .with_catalog(|c| c.boundaries.values().map(boundary_to_wire).collect());
@@ -207,7 +209,7 @@ impl Admin for AdminService {
                     "you cannot delete your own user".into(),
                 ));
             }
-            node.execute(Command::DeleteUser { user_id }).await?;
+            node.router.execute(Command::DeleteUser { user_id }).await?;
             Ok(pb::DeleteUserResponse { success: true })
         }
         .await;
@@ -228,7 +230,7 @@ impl Admin for AdminService {
                 ));
             }
             check_password_shape(&req.new_password, "new_password")?;
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let user = node
                 .store()
                 .with_catalog(|c| c.users.get(&req.user_id).cloned())
@@ -240,12 +242,13 @@ impl Admin for AdminService {
             {
                 return Err(Error::Unauthenticated("current password is wrong".into()));
             }
-            node.execute(Command::SetPassword {
-                user_id: req.user_id,
-                password_hash: node.auth.hash_password(req.new_password).await?,
-                at_unix_nanos: 0, // stamped by the leader's proposer
-            })
-            .await?;
+            node.router
+                .execute(Command::SetPassword {
+                    user_id: req.user_id,
+                    password_hash: node.auth.hash_password(req.new_password).await?,
+                    at_unix_nanos: 0, // stamped by the leader's proposer
+                })
+                .await?;
             Ok(pb::ChangePasswordResponse { success: true })
         }
         .await;
@@ -258,7 +261,7 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ListUsersResponse>, Status> {
         let node = node_of(&self.ready)?;
         let result = async {
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let mut users: Vec<UserRecord> = node
                 .store()
                 .with_catalog(|c| c.users.values().cloned().collect());
@@ -278,7 +281,7 @@ impl Admin for AdminService {
         let node = node_of(&self.ready)?;
         let req = request.into_inner();
         let result = async {
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let Some(user) = node
                 .store()
                 .with_catalog(|c| c.user_by_name(&req.username).cloned())
@@ -304,7 +307,7 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::GetUserCountResponse>, Status> {
         let node = node_of(&self.ready)?;
         let result = async {
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let count = node.store().with_catalog(|c| c.users.len() as i64);
             Ok(pb::GetUserCountResponse { count })
         }
@@ -320,7 +323,7 @@ impl Admin for AdminService {
         let boundary = request.into_inner().boundary;
         let result = async {
             validate_boundary_name(&boundary)?;
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let b = node.active_boundary(&boundary)?;
             Ok(pb::GetEventCountResponse {
                 count: node.store().event_count(b.id) as i64,

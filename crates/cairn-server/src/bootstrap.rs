@@ -114,15 +114,16 @@ async fn propose_missing(node: &NodeState) -> Result<(), Error> {
         .await?;
     }
     for boundary in missing.boundaries {
-        node.execute(Command::CreateBoundary {
-            name: boundary.name,
-            description: boundary.description.to_string(),
-            placement: None,
-            existed_before_catalog: false,
-            idempotent_event_ids: boundary.idempotent_event_ids,
-            if_absent: true,
-        })
-        .await?;
+        node.router
+            .execute(Command::CreateBoundary {
+                name: boundary.name,
+                description: boundary.description.to_string(),
+                placement: None,
+                existed_before_catalog: false,
+                idempotent_event_ids: boundary.idempotent_event_ids,
+                if_absent: true,
+            })
+            .await?;
     }
     for name in missing.plain_but_declared_idempotent {
         tracing::warn!(
@@ -135,7 +136,7 @@ async fn propose_missing(node: &NodeState) -> Result<(), Error> {
     if missing.token_key {
         let mut key = vec![0u8; cairn_core::auth::TOKEN_KEY_BYTES];
         rand::thread_rng().fill_bytes(&mut key);
-        node.execute(Command::InitTokenKey { key }).await?;
+        node.router.execute(Command::InitTokenKey { key }).await?;
     }
     Ok(())
 }

@@ -42,6 +42,7 @@ impl Boundaries for BoundariesService {
             validate_boundary_name(&req.name)?;
             let options = req.options.unwrap_or_default();
             let applied = node
+                .router
                 .execute(Command::CreateBoundary {
                     name: req.name,
                     description: req.description,
@@ -82,7 +83,7 @@ impl Boundaries for BoundariesService {
     ) -> Result<Response<pb::ListBoundariesResponse>, Status> {
         let node = node_of(&self.ready)?;
         let result = async {
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let boundaries = node.store().with_catalog(|c| {
                 c.boundaries
                     .values()

@@ -7,15 +7,37 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt;
 use tracing_subscriber::prelude::*;
 
-use crate::config::{Cli, Command, LogFormat};
+use crate::config::LogFormat;
 
 /// How long a node whose Raft stopped may take to shut down before it exits anyway.
 const FATAL_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Cairn: a replicated event database for Command Context Consistency, speaking the Orisun
+/// gRPC protocol.
+#[derive(Debug, Parser)]
+#[command(name = "cairn", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a node: alone (the default, a one-node Raft group) or as a member of a cluster
+    /// (--initial-members or --join), serving the Orisun API.
+    Serve(Box<crate::config::ServeArgs>),
+    /// Inspect and change a running cluster through any member's peer port.
+    Cluster(crate::cluster_cli::ClusterArgs),
+    /// Rotate the session-token key, or see its state, through any node's client port.
+    Tokens(crate::tokens_cli::TokensArgs),
+}
 
 /// Installs the log output. The filter is `target=level` directives with an optional
 /// default level ("info,openraft=warn"): tracing's `Targets`, which needs no regex engine

@@ -8,6 +8,7 @@ use cairn_proto::cairn_v1 as pb;
 use cairn_raft::{ClusterView, RaftError, Role};
 use cairn_store::{Direction, PageLimit, ReadStart};
 
+use crate::peer::ClusterCalls;
 use crate::state::NodeState;
 
 /// Time after the leaders' lease has lapsed before the target campaigns (clock skew).
@@ -421,5 +422,33 @@ async fn hand_over(node: &NodeState, id: u64, addr: &str) -> Result<u64, Error> 
                 )));
             }
         }
+    }
+}
+
+/// The peer port's `cairn.v1.Cluster` calls, answered by this module.
+#[tonic::async_trait]
+impl ClusterCalls for NodeState {
+    async fn status(&self) -> Result<pb::StatusResponse, Error> {
+        status(self).await
+    }
+
+    async fn add_learner(&self, id: u64, address: String) -> Result<pb::MembershipResponse, Error> {
+        add_learner(self, id, address).await
+    }
+
+    async fn rejoin(&self, id: u64, address: String) -> Result<pb::MembershipResponse, Error> {
+        rejoin(self, id, address).await
+    }
+
+    async fn promote(&self, id: u64) -> Result<pb::MembershipResponse, Error> {
+        promote(self, id).await
+    }
+
+    async fn remove(&self, id: u64) -> Result<pb::MembershipResponse, Error> {
+        remove(self, id).await
+    }
+
+    async fn transfer_leader(&self, id: u64) -> Result<u64, Error> {
+        transfer_leader(self, id).await
     }
 }

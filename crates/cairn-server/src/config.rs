@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cairn_core::boundary::validate_boundary_name;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::ValueEnum;
 
 /// Smallest accepted `--snapshot-every-bytes`.
 pub const MIN_SNAPSHOT_EVERY_BYTES: u64 = 64 * 1024;
@@ -84,28 +84,6 @@ pub mod defaults {
 
 /// Smallest accepted `--cluster-secret` length.
 pub const MIN_CLUSTER_SECRET_LEN: usize = 16;
-
-/// Cairn: a replicated event database for Command Context Consistency, speaking the Orisun
-/// gRPC protocol.
-#[derive(Debug, Parser)]
-#[command(name = "cairn", version, about, long_about = None)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// Subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run a node: alone (the default, a one-node Raft group) or as a member of a cluster
-    /// (--initial-members or --join), serving the Orisun API.
-    Serve(Box<ServeArgs>),
-    /// Inspect and change a running cluster through any member's peer port.
-    Cluster(crate::cluster_cli::ClusterArgs),
-    /// Rotate the session-token key, or see its state, through any node's client port.
-    Tokens(crate::tokens_cli::TokensArgs),
-}
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1079,6 +1057,8 @@ impl ServeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
 
     fn parse(args: &[&str]) -> Result<ServeConfig, String> {
         let mut argv = vec!["cairn", "serve"];

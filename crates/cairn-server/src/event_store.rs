@@ -68,6 +68,7 @@ async fn save(
     let observations = normalize_observations(observations)?;
     let count = events.len() as u64;
     let outcome = node
+        .router
         .propose(Command::Append(Append {
             boundary: boundary.clone(),
             observations,
@@ -114,7 +115,7 @@ async fn get_events(
 ) -> Result<pb::GetEventsResponse, Error> {
     note_boundary(&req.boundary);
     validate_boundary_name(&req.boundary)?;
-    node.read_barrier().await?;
+    node.router.read_barrier().await?;
     let boundary = node.active_boundary(&req.boundary)?;
     if req.count == 0 || req.count > MAX_READ_COUNT {
         return Err(Error::invalid(format!(
@@ -149,7 +150,7 @@ async fn latest_by_criteria(
     let echoed = req.criteria.clone();
     let criteria =
         normalize_latest_criteria(req.criteria.into_iter().map(criterion_from_wire).collect())?;
-    node.read_barrier().await?;
+    node.router.read_barrier().await?;
     let boundary = node.active_boundary(&req.boundary)?;
     let (results, context) = node
         .blocking(move |s| s.latest_by_criteria(boundary.id, &criteria))
@@ -174,7 +175,7 @@ async fn write_context(
     note_boundary(&req.boundary);
     validate_boundary_name(&req.boundary)?;
     let last: Position = parse_write_id(&req.write_id)?;
-    node.read_barrier().await?;
+    node.router.read_barrier().await?;
     let boundary = node.active_boundary(&req.boundary)?;
     let found = node
         .blocking(move |s| s.write_context(boundary.id, last))
@@ -321,7 +322,8 @@ impl EventStore for EventStoreService {
             let boundary = req.boundary.clone();
             let index = index_from_wire(req)?;
             index.validate()?;
-            node.execute(Command::CreateIndex { boundary, index })
+            node.router
+                .execute(Command::CreateIndex { boundary, index })
                 .await?;
             Ok(pb::CreateIndexResponse {})
         }
@@ -338,11 +340,12 @@ impl EventStore for EventStoreService {
         let result = async {
             note_boundary(&req.boundary);
             node.active_boundary_for_write(&req.boundary).await?;
-            node.execute(Command::DropIndex {
-                boundary: req.boundary,
-                name: req.name,
-            })
-            .await?;
+            node.router
+                .execute(Command::DropIndex {
+                    boundary: req.boundary,
+                    name: req.name,
+                })
+                .await?;
             Ok(pb::DropIndexResponse {})
         }
         .await;
@@ -358,7 +361,7 @@ impl EventStore for EventStoreService {
         let result = async {
             note_boundary(&req.boundary);
             validate_boundary_name(&req.boundary)?;
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let boundary = node.active_boundary(&req.boundary)?;
             let indexes = node.store().with_catalog(|c| {
                 c.indexes
@@ -382,7 +385,7 @@ impl EventStore for EventStoreService {
         let result = async {
             note_boundary(&req.boundary);
             validate_boundary_name(&req.boundary)?;
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let boundary = node.active_boundary(&req.boundary)?;
             node.store()
                 .with_catalog(|c| {

@@ -129,7 +129,7 @@ where
                 // reached this one yet: bring the catalog up to everything committed and
                 // look again. (A leader has applied every change it acknowledged.)
                 let failure = *failure;
-                authenticated = match node.read_barrier().await {
+                authenticated = match node.router.read_barrier().await {
                     Ok(()) => node.auth.authenticate(req.headers(), addr).await,
                     Err(e) => Err((e, failure)),
                 };

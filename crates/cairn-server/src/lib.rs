@@ -2,6 +2,7 @@
 //! subscriptions, metrics and probes, configuration, and the `cairn` binary's entry point.
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod bootstrap;
 pub mod boundaries;
@@ -13,7 +14,6 @@ pub mod config;
 pub mod data_dir;
 pub mod event_store;
 pub mod formation;
-pub mod forward;
 pub mod grpc_layer;
 pub mod http;
 pub mod listeners;
@@ -21,6 +21,7 @@ pub mod methods;
 pub mod metrics;
 pub mod password;
 pub mod peer;
+pub mod router;
 pub mod rpc;
 pub mod server;
 pub mod state;
@@ -29,5 +30,6 @@ pub mod tls;
 pub mod tokens;
 pub mod tokens_cli;
 
-pub use config::{Cli, ServeArgs, ServeConfig};
+pub use cli::Cli;
+pub use config::{ServeArgs, ServeConfig};
 pub use server::{RunningServer, ServerError, start, start_on};

@@ -23,6 +23,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::admin::AdminService;
+use crate::admission::{Admission, DiskFloor, WriteBudget};
 use crate::auth::Authenticator;
 use crate::bootstrap;
 use crate::boundaries::BoundariesService;
@@ -33,8 +34,10 @@ use crate::http::{HttpState, router};
 use crate::listeners::{Acceptor, ConnectionLimits, grpc_server, serve_http};
 use crate::metrics::Metrics;
 use crate::peer::{
-    ClusterService, MAX_PEER_MESSAGE_BYTES, PeerClient, PeerReady, RaftService, SecretCheck,
+    Claims, ClusterService, MAX_PEER_MESSAGE_BYTES, PeerClient, PeerNode, PeerReady, RaftService,
+    SecretCheck,
 };
+use crate::router::Router;
 use crate::state::{NodeState, Ready};
 use crate::tls::TlsPort;
 use crate::tokens::TokensService;
@@ -578,6 +581,17 @@ async fn serve_on(
         .await?;
         let passwords = crate::password::PasswordChecks::start(config.password_limits)
             .map_err(ServerError::Threads)?;
+        let admission = Arc::new(Admission {
+            budget: WriteBudget::new(config.max_write_bytes_in_flight),
+            floor: DiskFloor::new(config.data_dir.clone(), config.min_free_disk_bytes),
+        });
+        let router = Arc::new(Router::new(
+            raft.clone(),
+            peers.clone(),
+            admission.clone(),
+            metrics.clone(),
+            &config,
+        ));
         let node = Arc::new(NodeState {
             auth: Authenticator::new(
                 raft.store().clone(),
@@ -587,7 +601,9 @@ async fn serve_on(
                 },
                 passwords,
             ),
-            raft,
+            raft: raft.clone(),
+            router: router.clone(),
+            peers,
             metrics: metrics.clone(),
             config: config.clone(),
             process_id: uuid::Uuid::new_v4().to_string(),
@@ -596,17 +612,16 @@ async fn serve_on(
                 config.max_subscriptions,
                 config.max_subscriptions_per_user,
             )),
-            write_budget: crate::state::WriteBudget::new(config.max_write_bytes_in_flight),
-            disk_floor: crate::state::DiskFloor::new(
-                config.data_dir.clone(),
-                config.min_free_disk_bytes,
-            ),
-            leader_read_indexes: crate::state::leader_read_indexes(peers.clone()),
-            peers,
         });
         // Peers reach Raft from here on: a new member must take part in elections and
         // receive the log before it can serve.
-        let _ = peer_ready.set(node.clone());
+        let _ = peer_ready.set(PeerNode {
+            raft,
+            claims: Claims::new(&config),
+            admission,
+            leader: router,
+            cluster: node.clone(),
+        });
         let formation_task = crate::formation::spawn(node.clone());
         let bootstrap_task = bootstrap::spawn(node.clone());
         if let Err(e) = bootstrap::wait_until_ready(&node).await {

@@ -71,6 +71,7 @@ impl Tokens for TokensService {
             let mut key = vec![0u8; TOKEN_KEY_BYTES];
             rand::thread_rng().fill_bytes(&mut key);
             let applied = node
+                .router
                 .execute(Command::RotateTokenKey {
                     key,
                     // At most a week: far inside i64 nanoseconds.
@@ -102,7 +103,7 @@ impl Tokens for TokensService {
     ) -> Result<Response<pb::KeyStatusResponse>, Status> {
         let node = node_of(&self.ready)?;
         let result = async {
-            node.read_barrier().await?;
+            node.router.read_barrier().await?;
             let state = node.store().with_catalog(|c| c.token_key_state.clone());
             Ok(pb::KeyStatusResponse {
                 status: Some(to_wire(&state)),

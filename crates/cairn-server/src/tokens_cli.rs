@@ -109,7 +109,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::config::{Cli, Command};
+    use crate::cli::{Cli, Command};
 
     fn parse(args: &[&str]) -> Result<TokensArgs, String> {
         let argv = ["cairn", "tokens"].iter().chain(args);

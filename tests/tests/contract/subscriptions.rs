@@ -101,15 +101,16 @@ async fn s1_a_vanished_holders_lease_expires_after_15_seconds() {
     // A holder that took the lease and vanished without releasing it (e.g. a crashed node).
     let node = server.server().node().clone();
     let taken = Instant::now();
-    node.execute(Command::AcquireLease {
-        boundary: "default".into(),
-        subscriber: "ghosted".into(),
-        holder: "vanished-holder".into(),
-        at_unix_nanos: cairn_server::state::unix_nanos(),
-        ttl_nanos: Duration::from_secs(15).as_nanos() as i64,
-    })
-    .await
-    .expect("lease taken");
+    node.router
+        .execute(Command::AcquireLease {
+            boundary: "default".into(),
+            subscriber: "ghosted".into(),
+            holder: "vanished-holder".into(),
+            at_unix_nanos: cairn_server::state::unix_nanos(),
+            ttl_nanos: Duration::from_secs(15).as_nanos() as i64,
+        })
+        .await
+        .expect("lease taken");
     tokio::time::sleep(Duration::from_secs(12)).await;
     let status = subscribe(&mut c, request("ghosted", Some(pos(0, 0)), None))
         .await

@@ -17,10 +17,8 @@
 //! Raft), so a user holds at most `--max-subscriptions-per-user` of them on a node and a
 //! node at most `--max-subscriptions`; names are at most [`MAX_SUBSCRIBER_NAME_BYTES`].
 
-use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use cairn_core::command::Command;
@@ -33,11 +31,15 @@ use cairn_store::{PageLimit, ReadStart};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::auth::Principal;
+
+mod registry;
+
 use crate::state::NodeState;
+pub use registry::Registry;
+use registry::{Lease, Tracked};
 
 /// Events read from storage per page.
 pub const PAGE_SIZE: usize = 512;
@@ -46,170 +48,6 @@ const CHANNEL_CAPACITY: usize = 64;
 
 /// The response stream type.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>>;
-
-/// The open subscriptions of a node: who holds them, their leases, and their lag (for the
-/// `cairn_subscription_lag_events` gauge).
-pub struct Registry {
-    next_id: AtomicU64,
-    max_total: usize,
-    max_per_user: usize,
-    open: Mutex<Open>,
-}
-
-#[derive(Default)]
-struct Open {
-    subscriptions: HashMap<u64, Entry>,
-    per_user: HashMap<String, usize>,
-}
-
-struct Entry {
-    user: String,
-    boundary: String,
-    lag: u64,
-    /// Taken once the lease is held; renewed by the node's renewal task.
-    lease: Option<Arc<Lease>>,
-    /// Cancelled with the reason when a renewal fails: the subscription must end.
-    lost: Arc<LeaseLost>,
-}
-
-/// Why a subscription's lease was lost, once it was.
-#[derive(Default)]
-struct LeaseLost {
-    token: CancellationToken,
-    error: Mutex<Option<Error>>,
-}
-
-impl LeaseLost {
-    fn lose(&self, error: Error) {
-        *self.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
-        self.token.cancel();
-    }
-
-    fn error(&self) -> Error {
-        self.error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| Error::Unavailable("the subscription lost its lease".into()))
-    }
-}
-
-impl Registry {
-    /// A registry admitting `max_total` subscriptions, `max_per_user` of one user.
-    pub fn new(max_total: usize, max_per_user: usize) -> Self {
-        Registry {
-            next_id: AtomicU64::new(0),
-            max_total,
-            max_per_user,
-            open: Mutex::new(Open::default()),
-        }
-    }
-
-    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Admits a subscription of `user` on `boundary`, or RESOURCE_EXHAUSTED at a limit.
-    fn admit(self: &Arc<Self>, user: &str, boundary: &str) -> Result<Tracked, Error> {
-        let mut open = self.open();
-        let held = open.per_user.get(user).copied().unwrap_or(0);
-        if held >= self.max_per_user {
-            return Err(Error::ResourceExhausted(format!(
-                "user \"{user}\" has {held} open subscriptions on this node; the limit is {} (--max-subscriptions-per-user)",
-                self.max_per_user
-            )));
-        }
-        if open.subscriptions.len() >= self.max_total {
-            return Err(Error::ResourceExhausted(format!(
-                "this node has {} open subscriptions; the limit is {} (--max-subscriptions)",
-                open.subscriptions.len(),
-                self.max_total
-            )));
-        }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let lost = Arc::new(LeaseLost::default());
-        open.subscriptions.insert(
-            id,
-            Entry {
-                user: user.to_string(),
-                boundary: boundary.to_string(),
-                lag: 0,
-                lease: None,
-                lost: lost.clone(),
-            },
-        );
-        *open.per_user.entry(user.to_string()).or_default() += 1;
-        Ok(Tracked {
-            registry: self.clone(),
-            id,
-            lost,
-        })
-    }
-
-    /// The largest lag per boundary among open subscriptions.
-    pub fn max_lag_by_boundary(&self) -> BTreeMap<String, u64> {
-        let mut out: BTreeMap<String, u64> = BTreeMap::new();
-        for entry in self.open().subscriptions.values() {
-            let max = out.entry(entry.boundary.clone()).or_default();
-            *max = (*max).max(entry.lag);
-        }
-        out
-    }
-
-    /// Open subscriptions.
-    pub fn len(&self) -> usize {
-        self.open().subscriptions.len()
-    }
-
-    /// True when none is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn held_leases(&self) -> Vec<(Arc<Lease>, Arc<LeaseLost>)> {
-        self.open()
-            .subscriptions
-            .values()
-            .filter_map(|e| e.lease.clone().map(|lease| (lease, e.lost.clone())))
-            .collect()
-    }
-}
-
-/// An admitted subscription; gives its place back on drop.
-struct Tracked {
-    registry: Arc<Registry>,
-    id: u64,
-    lost: Arc<LeaseLost>,
-}
-
-impl Tracked {
-    fn set_lag(&self, lag: u64) {
-        if let Some(entry) = self.registry.open().subscriptions.get_mut(&self.id) {
-            entry.lag = lag;
-        }
-    }
-
-    /// Hands the held lease to the node's renewal task.
-    fn renew(&self, lease: Arc<Lease>) {
-        if let Some(entry) = self.registry.open().subscriptions.get_mut(&self.id) {
-            entry.lease = Some(lease);
-        }
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        let mut open = self.registry.open();
-        if let Some(entry) = open.subscriptions.remove(&self.id)
-            && let Some(held) = open.per_user.get_mut(&entry.user)
-        {
-            *held -= 1;
-            if *held == 0 {
-                open.per_user.remove(&entry.user);
-            }
-        }
-    }
-}
 
 /// Why a subscription on a node removed from the cluster ends.
 pub const NOT_A_MEMBER: &str = "this node was removed from the cluster and receives no more events: subscribe through a member";
@@ -289,12 +127,6 @@ async fn removed_from_cluster(node: &NodeState) -> bool {
     }
 }
 
-struct Lease {
-    boundary: String,
-    subscriber: String,
-    holder: String,
-}
-
 impl Lease {
     fn command(&self, node: &NodeState) -> Command {
         Command::AcquireLease {
@@ -307,7 +139,7 @@ impl Lease {
     }
 
     async fn acquire(&self, node: &NodeState) -> Result<(), Error> {
-        node.execute(self.command(node)).await.map(|_| ())
+        node.router.execute(self.command(node)).await.map(|_| ())
     }
 
     async fn release(&self, node: &NodeState) {
@@ -316,7 +148,7 @@ impl Lease {
             subscriber: self.subscriber.clone(),
             holder: self.holder.clone(),
         };
-        if let Err(e) = node.execute(release).await {
+        if let Err(e) = node.router.execute(release).await {
             tracing::warn!(
                 subscriber = %self.subscriber,
                 "failed to release subscription lease (it expires on its own): {e}"
@@ -336,7 +168,7 @@ pub async fn open(
     // call, as every read does: on a lagging node an `after_position` beyond the local
     // head was clamped to it (events the client had were sent again), "newest" was stale,
     // and a boundary created elsewhere was not active yet.
-    node.read_barrier().await?;
+    node.router.read_barrier().await?;
     // S1: the boundary gate comes first.
     let boundary = node.active_boundary(&req.boundary)?;
     if req.subscriber_name.is_empty() {

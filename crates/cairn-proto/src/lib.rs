@@ -26,7 +26,7 @@ pub const ORISUN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/orisun_d
 /// Encoded `FileDescriptorSet` of Cairn's own services (peer port reflection).
 pub const CAIRN_FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/cairn_descriptor.bin");
 /// Encoded `FileDescriptorSet` of Cairn's extensions on the client port (`cairn.v1.Boundaries`,
-/// `cairn.v1.Tokens`).
+/// `cairn.v1.Tokens`, `cairn.v1.Backup`).
 pub const CAIRN_CLIENT_FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!("generated/cairn_client_descriptor.bin");
 

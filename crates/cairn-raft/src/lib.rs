@@ -32,7 +32,7 @@ pub use node::{ClusterView, Member, MemberAddr, RaftNode, Role};
 pub use proposal::Proposal;
 pub use proposer::DEFAULT_MAX_INFLIGHT_BATCHES;
 pub use standing::Standing;
-pub use state_machine::{MAX_SNAPSHOT_ID_BYTES, StateMachine, valid_snapshot_id};
+pub use state_machine::{MAX_SNAPSHOT_ID_BYTES, StateMachine, applied_position, valid_snapshot_id};
 
 /// Receives state-machine events, so the server can export metrics without this crate
 /// knowing about Prometheus.

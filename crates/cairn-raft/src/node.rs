@@ -250,6 +250,57 @@ impl RaftNode {
         Ok(())
     }
 
+    /// Snapshots what this node has applied and purges its log up to the snapshot, waiting
+    /// up to `timeout` for both; returns the snapshot's index. A member that joins later
+    /// can then only catch up by installing the snapshot. A state machine restored from a
+    /// backup needs this before it has peers: it holds data that no entry of its (new) log
+    /// produced, so a member replaying that log from its start would miss all of it.
+    pub async fn seal_log_behind_snapshot(&self, timeout: Duration) -> Result<u64, RaftError> {
+        // What is applied once this node leads and has applied its own term's first entry
+        // (the group it formed is new: it is its only voter).
+        let me = self.node_id;
+        self.raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| m.current_leader == Some(me) && m.state == ServerState::Leader,
+                "this node to lead its new group",
+            )
+            .await
+            .map_err(|_| RaftError::Timeout("this node to lead its new group"))?;
+        let applied = self.read_index().await?;
+        self.wait_applied(applied, timeout).await?;
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        let built = self
+            .raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied),
+                "a snapshot of the applied state",
+            )
+            .await
+            .map_err(|_| RaftError::Timeout("a snapshot of the applied state"))?
+            .snapshot
+            .map_or(0, |s| s.index);
+        self.raft
+            .trigger()
+            .purge_log(built)
+            .await
+            .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        self.raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| m.purged.is_some_and(|p| p.index >= built),
+                "the log purged up to the snapshot",
+            )
+            .await
+            .map_err(|_| RaftError::Timeout("the log purged up to the snapshot"))?;
+        Ok(built)
+    }
+
     /// A node without its Raft state learnt that the group has a log (or it joins): it stays
     /// out of elections until a leader has made it a learner and then a voter again. The
     /// marker is on disk before this returns, so a restart keeps it out too.

@@ -125,6 +125,26 @@ pub(crate) fn applied_state_token(store: &Store) -> Result<u128, StoreError> {
     }
 }
 
+/// How far the log had been applied in a state machine whose applied marker is `marker`
+/// (a backup's checkpoint): the last entry applied whole, and a batch entry partly applied
+/// after it.
+pub fn applied_position(
+    marker: Option<&[u8]>,
+) -> Result<cairn_store::backup::AppliedPosition, StoreError> {
+    let marker = match marker {
+        Some(bytes) => decode_marker(bytes).map_err(|e| StoreError::Corrupt {
+            cf: "sm_meta",
+            detail: format!("applied marker: {e}"),
+        })?,
+        None => AppliedMarker::default(),
+    };
+    Ok(cairn_store::backup::AppliedPosition {
+        index: marker.last_applied.map_or(0, |id| id.index),
+        term: marker.last_applied.map_or(0, |id| id.leader_id.term),
+        partial_entry: marker.in_progress.map(|(id, done)| (id.index, done as u64)),
+    })
+}
+
 /// What a stale plan's commands get: not applied, to be proposed again. Only the proposer
 /// that made the plan sees it (it re-proposes the commands without a plan).
 pub(crate) const STALE_PLAN: &str = "the leader planned this write on a state that changed before it was applied; nothing was written";

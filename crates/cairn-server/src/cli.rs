@@ -37,6 +37,10 @@ pub enum Command {
     Cluster(crate::cluster_cli::ClusterArgs),
     /// Rotate the session-token key, or see its state, through any node's client port.
     Tokens(crate::tokens_cli::TokensArgs),
+    /// Take an online backup of a running node, or list and verify backups.
+    Backup(crate::backup_cli::BackupArgs),
+    /// Turn a backup into the data directory of a new one-node cluster.
+    Restore(crate::backup_cli::RestoreArgs),
 }
 
 /// Installs the log output. The filter is `target=level` directives with an optional
@@ -105,6 +109,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cluster(args) => crate::cluster_cli::run(args).await?,
         Command::Tokens(args) => crate::tokens_cli::run(args).await?,
+        Command::Backup(args) => crate::backup_cli::run(args).await?,
+        Command::Restore(args) => {
+            tokio::task::spawn_blocking(move || crate::backup_cli::restore(args))
+                .await
+                .context("the restore task failed")??
+        }
     }
     Ok(())
 }

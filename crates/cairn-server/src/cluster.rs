@@ -252,6 +252,7 @@ pub async fn add_learner(
     address: String,
 ) -> Result<pb::MembershipResponse, Error> {
     require_id_and_address("a learner", id, &address)?;
+    crate::backup::refuse_members_while_sealing(node)?;
     proven(node, id, &address).await?;
     change_membership(node, Change::AddLearner { id, address }).await
 }
@@ -264,6 +265,7 @@ pub async fn rejoin(
     address: String,
 ) -> Result<pb::MembershipResponse, Error> {
     require_id_and_address("a rejoining node", id, &address)?;
+    crate::backup::refuse_members_while_sealing(node)?;
     if id == node.raft.node_id() {
         return Err(Error::invalid(
             "a node cannot carry out its own rejoin: ask another member",

@@ -1066,7 +1066,9 @@ mod tests {
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Serve(args) => args.validate().map_err(|e| e.to_string()),
-            Command::Cluster(_) | Command::Tokens(_) => Err("not serve".to_string()),
+            Command::Cluster(_) | Command::Tokens(_) | Command::Backup(_) | Command::Restore(_) => {
+                Err("not serve".to_string())
+            }
         }
     }
 

@@ -84,6 +84,14 @@ pub fn spawn(node: Arc<NodeState>) -> Option<JoinHandle<()>> {
                 if standing == Standing::Undecided {
                     match find_out(&node, members).await {
                         Found::New => {
+                            // The member that initialises names the group; the others take
+                            // the name from its first message.
+                            if members.keys().next() == Some(&own)
+                                && let Err(e) = node.identity.form()
+                            {
+                                tracing::error!("failed to name the new raft group: {e}");
+                                return;
+                            }
                             if let Err(e) = node.raft.form_new_group(members).await {
                                 tracing::error!("failed to form the new raft group: {e}");
                             }

@@ -4,6 +4,8 @@
 pub mod admin;
 pub mod admission;
 pub mod auth;
+pub mod backup;
+pub mod backup_cli;
 pub mod bootstrap;
 pub mod boundaries;
 pub mod cli;

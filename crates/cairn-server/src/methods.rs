@@ -66,6 +66,7 @@ pub const METHODS: &[Method] = &[
     method("/cairn.v1.Boundaries/ListBoundaries", Access::AnyUser),
     method("/cairn.v1.Tokens/RotateKey", ADMINS),
     method("/cairn.v1.Tokens/KeyStatus", ADMINS),
+    method("/cairn.v1.Backup/Create", ADMINS),
     method("/grpc.health.v1.Health/Check", Access::Public),
     method("/grpc.health.v1.Health/Watch", Access::Public),
     method(

@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use cairn_proto::cairn_v1::backup_server::BackupServer;
 use cairn_proto::cairn_v1::boundaries_server::BoundariesServer;
 use cairn_proto::cairn_v1::cluster_server::ClusterServer;
 use cairn_proto::cairn_v1::raft_server::RaftServer;
@@ -25,6 +26,7 @@ use tonic_health::server::HealthReporter;
 use crate::admin::AdminService;
 use crate::admission::{Admission, DiskFloor, WriteBudget};
 use crate::auth::Authenticator;
+use crate::backup::BackupService;
 use crate::bootstrap;
 use crate::boundaries::BoundariesService;
 use crate::config::ServeConfig;
@@ -34,8 +36,8 @@ use crate::http::{HttpState, router};
 use crate::listeners::{Acceptor, ConnectionLimits, grpc_server, serve_http};
 use crate::metrics::Metrics;
 use crate::peer::{
-    Claims, ClusterService, MAX_PEER_MESSAGE_BYTES, PeerClient, PeerNode, PeerReady, RaftService,
-    SecretCheck,
+    Claims, ClusterIdentity, ClusterService, MAX_PEER_MESSAGE_BYTES, PeerClient, PeerNode,
+    PeerReady, RaftService, SecretCheck,
 };
 use crate::router::Router;
 use crate::state::{NodeState, Ready};
@@ -77,6 +79,12 @@ pub enum ServerError {
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    /// A restored data directory cannot start as it was asked to.
+    #[error("{0}")]
+    Restore(String),
+    /// The cluster id in the data directory cannot be read or kept.
+    #[error(transparent)]
+    Identity(#[from] crate::peer::identity::IdentityError),
     /// The data directory cannot be created or is not private.
     #[error(transparent)]
     DataDir(#[from] crate::data_dir::DataDirError),
@@ -419,6 +427,9 @@ async fn serve_on(
     let tokens = TokensServer::new(TokensService::new(ready.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max_reply);
+    let backup = BackupServer::new(BackupService::new(ready.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max_reply);
 
     let limits = config.connection_limits;
     let tls = client_tls(config.tls.as_ref(), &metrics)?;
@@ -479,6 +490,7 @@ async fn serve_on(
             .add_service(admin)
             .add_service(boundaries)
             .add_service(tokens)
+            .add_service(backup)
             .serve_with_incoming_shutdown(
                 client_acceptor.into_stream(),
                 grpc_stop.clone().cancelled_owned(),
@@ -540,6 +552,22 @@ async fn serve_on(
 
     let started = async {
         crate::data_dir::prepare(&config.data_dir, config.allow_insecure_permissions)?;
+        // A backup checkpoint a dead process left behind pins files nobody will stream.
+        crate::backup::clear_staging(&config.data_dir).map_err(|source| {
+            crate::data_dir::DataDirError::Io {
+                what: "remove the stale backup checkpoints in",
+                path: config.data_dir.display().to_string(),
+                source,
+            }
+        })?;
+        let identity = ClusterIdentity::load(&config.data_dir)?;
+        if config
+            .data_dir
+            .join(crate::backup::RESTORED_MARKER)
+            .exists()
+        {
+            crate::backup::check_restored_start(&config).map_err(ServerError::Restore)?;
+        }
         let (peers, transport, formation) = match &config.cluster {
             Some(cluster) => {
                 let local_ip = Some(cluster.peer_listen.ip()).filter(|ip| !ip.is_unspecified());
@@ -549,7 +577,8 @@ async fn serve_on(
                         .with_tls(peer_tls.as_ref().map(|(material, _)| material.clone()))
                         .counting_snapshot_chunks(metrics.snapshot_chunks_sent.clone())
                         .counting_forward_messages(metrics.forward_message_writes.clone())
-                        .forwarding_within(config.forward_timeout()),
+                        .forwarding_within(config.forward_timeout())
+                        .with_identity(identity.clone()),
                 );
                 let transport: Arc<dyn PeerTransport> = peers.clone();
                 (peers, transport, Formation::Member)
@@ -560,6 +589,7 @@ async fn serve_on(
                 (peers, transport, Formation::Alone)
             }
         };
+        let alone = formation == Formation::Alone;
         let raft = RaftNode::start(NodeOptions {
             node_id: config.node_id,
             data_dir: config.data_dir.clone(),
@@ -579,6 +609,10 @@ async fn serve_on(
             max_inflight_batches: config.max_inflight_batches,
         })
         .await?;
+        if alone {
+            // A group of one is formed (or was, by an older version) by this node alone.
+            identity.form()?;
+        }
         let passwords = crate::password::PasswordChecks::start(config.password_limits)
             .map_err(ServerError::Threads)?;
         let admission = Arc::new(Admission {
@@ -612,6 +646,7 @@ async fn serve_on(
                 config.max_subscriptions,
                 config.max_subscriptions_per_user,
             )),
+            identity: identity.clone(),
         });
         // Peers reach Raft from here on: a new member must take part in elections and
         // receive the log before it can serve.
@@ -621,6 +656,7 @@ async fn serve_on(
             admission,
             leader: router,
             cluster: node.clone(),
+            identity,
         });
         let formation_task = crate::formation::spawn(node.clone());
         let bootstrap_task = bootstrap::spawn(node.clone());
@@ -633,6 +669,13 @@ async fn serve_on(
                 tracing::warn!("failed to stop raft after a failed start: {e}");
             }
             return Err(ServerError::Bootstrap(e));
+        }
+        if let Err(e) = crate::backup::seal_restored(&node).await {
+            bootstrap_task.abort();
+            if let Err(e) = node.raft.shutdown().await {
+                tracing::warn!("failed to stop raft after a failed start: {e}");
+            }
+            return Err(ServerError::Restore(e));
         }
         bootstrap::warn_if_default_admin_password(&node).await;
         Ok::<_, ServerError>((node, bootstrap_task, formation_task))

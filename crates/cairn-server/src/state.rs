@@ -37,6 +37,8 @@ pub struct NodeState {
     pub shutdown: CancellationToken,
     /// Open subscriptions and how far behind they are.
     pub subscriptions: Arc<crate::subscription::Registry>,
+    /// The group this node belongs to (see [`crate::peer::identity`]).
+    pub identity: crate::peer::ClusterIdentity,
 }
 
 impl std::fmt::Debug for NodeState {

@@ -13,6 +13,7 @@
 //! All methods block on disk I/O: async callers run them under `spawn_blocking`.
 
 mod apply;
+pub mod backup;
 mod catalog;
 mod checkpoint;
 #[cfg(fuzzing)]

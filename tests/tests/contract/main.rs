@@ -4,6 +4,7 @@
 //! proves.
 
 mod auth;
+mod backup;
 mod bad_input;
 mod boundaries;
 mod ccc;

@@ -16,7 +16,11 @@ const ORISUN_PROTOS: [&str; 2] = ["orisun/eventstore.proto", "orisun/admin.proto
 /// Cairn's own services between nodes and for operators, on the peer port.
 const CAIRN_PEER_PROTOS: [&str; 2] = ["cairn/v1/raft.proto", "cairn/v1/cluster.proto"];
 /// Cairn's extensions on the client port.
-const CAIRN_CLIENT_PROTOS: [&str; 2] = ["cairn/v1/boundaries.proto", "cairn/v1/tokens.proto"];
+const CAIRN_CLIENT_PROTOS: [&str; 3] = [
+    "cairn/v1/boundaries.proto",
+    "cairn/v1/tokens.proto",
+    "cairn/v1/backup.proto",
+];
 
 fn generate(root: &Path, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(out)?;

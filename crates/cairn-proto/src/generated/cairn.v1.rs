@@ -2695,3 +2695,376 @@ pub mod tokens_server {
         const NAME: &'static str = SERVICE_NAME;
     }
 }
+/// Take a backup of the node called.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CreateBackupRequest {}
+/// One piece of a backup's stream. In order: started, once; for each file, its chunks then
+/// its end; then the manifest, once, last. A stream that ends without a manifest is not a
+/// backup.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BackupChunk {
+    #[prost(oneof = "backup_chunk::Part", tags = "4, 1, 2, 3")]
+    pub part: ::core::option::Option<backup_chunk::Part>,
+}
+/// Nested message and enum types in `BackupChunk`.
+pub mod backup_chunk {
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Part {
+        /// The checkpoint is taken: what is coming.
+        #[prost(message, tag = "4")]
+        Started(super::BackupStarted),
+        /// Bytes of a file, in order from its start.
+        #[prost(message, tag = "1")]
+        Data(super::FileData),
+        /// A file is complete.
+        #[prost(message, tag = "2")]
+        End(super::FileEnd),
+        /// The manifest (JSON, the backup's manifest.json, format in docs/backup.md): sent last.
+        #[prost(string, tag = "3")]
+        ManifestJson(::prost::alloc::string::String),
+    }
+}
+/// What the stream will carry.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BackupStarted {
+    /// Sum of the files' sizes.
+    #[prost(uint64, tag = "1")]
+    pub total_bytes: u64,
+    /// Number of files.
+    #[prost(uint32, tag = "2")]
+    pub files: u32,
+    /// Index of the last log entry the checkpoint holds.
+    #[prost(uint64, tag = "3")]
+    pub applied_index: u64,
+}
+/// Bytes of one file of the checkpoint.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FileData {
+    /// Path relative to the backup's root ("db/000012.sst"); never absolute, never "..".
+    #[prost(string, tag = "1")]
+    pub path: ::prost::alloc::string::String,
+    /// The next bytes of the file.
+    #[prost(bytes = "vec", tag = "2")]
+    pub data: ::prost::alloc::vec::Vec<u8>,
+}
+/// One file was sent whole.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FileEnd {
+    /// As in FileData.
+    #[prost(string, tag = "1")]
+    pub path: ::prost::alloc::string::String,
+    /// Its size in bytes.
+    #[prost(uint64, tag = "2")]
+    pub size: u64,
+    /// Its SHA-256, lower-case hex.
+    #[prost(string, tag = "3")]
+    pub sha256: ::prost::alloc::string::String,
+}
+/// Generated client implementations.
+pub mod backup_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// Online backups.
+    #[derive(Debug, Clone)]
+    pub struct BackupClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl BackupClient<tonic::transport::Channel> {
+        /// Attempt to create a new client by connecting to a given endpoint.
+        pub async fn connect<D>(dst: D) -> Result<Self, tonic::transport::Error>
+        where
+            D: TryInto<tonic::transport::Endpoint>,
+            D::Error: Into<StdError>,
+        {
+            let conn = tonic::transport::Endpoint::new(dst)?.connect().await?;
+            Ok(Self::new(conn))
+        }
+    }
+    impl<T> BackupClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> BackupClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            BackupClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// Checkpoint this node's state machine and stream it (ADMIN). The node keeps applying
+        /// and serving meanwhile; the checkpoint is consistent at the applied index the manifest
+        /// names.
+        pub async fn create(
+            &mut self,
+            request: impl tonic::IntoRequest<super::CreateBackupRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::BackupChunk>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::codec::StrictProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/cairn.v1.Backup/Create");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("cairn.v1.Backup", "Create"));
+            self.inner.server_streaming(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod backup_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with BackupServer.
+    #[async_trait]
+    pub trait Backup: std::marker::Send + std::marker::Sync + 'static {
+        /// Server streaming response type for the Create method.
+        type CreateStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::BackupChunk, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// Checkpoint this node's state machine and stream it (ADMIN). The node keeps applying
+        /// and serving meanwhile; the checkpoint is consistent at the applied index the manifest
+        /// names.
+        async fn create(
+            &self,
+            request: tonic::Request<super::CreateBackupRequest>,
+        ) -> std::result::Result<tonic::Response<Self::CreateStream>, tonic::Status>;
+    }
+    /// Online backups.
+    #[derive(Debug)]
+    pub struct BackupServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> BackupServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for BackupServer<T>
+    where
+        T: Backup,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/cairn.v1.Backup/Create" => {
+                    #[allow(non_camel_case_types)]
+                    struct CreateSvc<T: Backup>(pub Arc<T>);
+                    impl<
+                        T: Backup,
+                    > tonic::server::ServerStreamingService<super::CreateBackupRequest>
+                    for CreateSvc<T> {
+                        type Response = super::BackupChunk;
+                        type ResponseStream = T::CreateStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::CreateBackupRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Backup>::create(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = CreateSvc(inner);
+                        let codec = crate::codec::StrictProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for BackupServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "cairn.v1.Backup";
+    impl<T> tonic::server::NamedService for BackupServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}

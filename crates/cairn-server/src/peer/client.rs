@@ -29,6 +29,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
 use super::forward_client::ForwardStreams;
+use super::identity::{CLUSTER_ID_HEADER, ClusterIdentity};
 use super::{CLUSTER_CALL_TIMEOUT, MAX_PEER_MESSAGE_BYTES};
 use crate::tls::Material;
 
@@ -76,6 +77,8 @@ pub struct PeerClient {
     snapshot_chunks_sent: Option<prometheus::IntCounter>,
     /// How long a forwarded write waits for the leader's answer.
     pub(super) forward_timeout: Duration,
+    /// The group this node belongs to, named on every call (`None`: a tool's client).
+    identity: Option<ClusterIdentity>,
 }
 
 impl std::fmt::Debug for PeerClient {
@@ -103,6 +106,7 @@ impl PeerClient {
             streams: ForwardStreams::default(),
             snapshot_chunks_sent: None,
             forward_timeout: CLUSTER_CALL_TIMEOUT,
+            identity: None,
         })
     }
 
@@ -117,6 +121,13 @@ impl PeerClient {
             })
         });
         self.channels.lock().unwrap_or_else(|p| p.into_inner()).tls = tls;
+        self
+    }
+
+    /// Names this node's cluster on every call, once it has an id (see
+    /// [`super::identity`]).
+    pub fn with_identity(mut self, identity: ClusterIdentity) -> Self {
+        self.identity = Some(identity);
         self
     }
 
@@ -180,6 +191,12 @@ impl PeerClient {
         request.set_timeout(timeout);
         if let Some(secret) = &self.secret {
             request.metadata_mut().insert(SECRET_HEADER, secret.clone());
+        }
+        // Ids are hex digits: always a valid header value.
+        if let Some(id) = self.identity.as_ref().and_then(ClusterIdentity::id)
+            && let Ok(value) = id.parse()
+        {
+            request.metadata_mut().insert(CLUSTER_ID_HEADER, value);
         }
         request
     }

@@ -8,6 +8,7 @@
 //!   on one long-lived stream per leader.
 //! - [`forward_server`]: the leader's end of those streams.
 //! - [`service`]: the two gRPC services, on a [`PeerNode`].
+//! - [`identity`]: the cluster id every Raft message carries, so two groups never mix.
 //!
 //! openraft's messages and Cairn's commands travel as bytes encoded by `cairn_raft::codec`,
 //! the same encoding as the Raft log.
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 pub mod client;
 pub mod forward_client;
 pub mod forward_server;
+pub mod identity;
 pub mod service;
 
 #[cfg(test)]
@@ -31,6 +33,7 @@ mod forward_tests;
 
 pub use client::PeerClient;
 pub use forward_server::{ForwardedReplies, Leader};
+pub use identity::ClusterIdentity;
 pub use service::{
     Claims, ClusterCalls, ClusterService, PeerNode, PeerReady, RaftService, SecretCheck,
 };

@@ -58,6 +58,8 @@ pub struct PeerNode {
     pub leader: Arc<dyn Leader>,
     /// Status and membership changes.
     pub cluster: Arc<dyn ClusterCalls>,
+    /// The group this node belongs to: Raft messages of another are refused.
+    pub identity: super::ClusterIdentity,
 }
 
 /// The node the peer services work on, set once storage and Raft are up.
@@ -193,6 +195,14 @@ fn not_voting(raft: &RaftNode) -> Status {
     ))
 }
 
+/// The cluster id a peer's message names (see [`super::identity`]).
+fn presented_cluster_id<T>(request: &Request<T>) -> Option<String> {
+    request
+        .metadata()
+        .get(super::identity::CLUSTER_ID_HEADER)
+        .map(|v| v.to_str().unwrap_or("(not text)").to_string())
+}
+
 fn denied<T>(why: String) -> Result<T, Status> {
     Err(cairn_proto::to_status(Error::PermissionDenied(why)))
 }
@@ -241,12 +251,14 @@ impl pb::raft_server::Raft for RaftService {
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
         let connection = request.extensions().get::<ConnectionInfo>().cloned();
+        let cluster_id = presented_cluster_id(&request);
         let rpc = decoded_with(request, decode_append_entries)?;
         node.claims.check(
             &node.raft,
             connection.as_ref(),
             rpc.vote.leader_id().voted_for(),
         )?;
+        node.identity.admit(cluster_id.as_deref())?;
         payload(&node.raft.raft().append_entries(rpc).await)
     }
 
@@ -256,12 +268,14 @@ impl pb::raft_server::Raft for RaftService {
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
         let connection = request.extensions().get::<ConnectionInfo>().cloned();
+        let cluster_id = presented_cluster_id(&request);
         let rpc: VoteRequest<u64> = decoded(request)?;
         node.claims.check(
             &node.raft,
             connection.as_ref(),
             rpc.vote.leader_id().voted_for(),
         )?;
+        node.identity.admit(cluster_id.as_deref())?;
         if !node
             .raft
             .may_vote_for(rpc.vote.leader_id().voted_for().unwrap_or(0))
@@ -277,12 +291,14 @@ impl pb::raft_server::Raft for RaftService {
     ) -> Result<tonic::Response<pb::RaftPayload>, Status> {
         let node = node_of(&self.ready)?;
         let connection = request.extensions().get::<ConnectionInfo>().cloned();
+        let cluster_id = presented_cluster_id(&request);
         let rpc: InstallSnapshotRequest<TypeConfig> = decoded(request)?;
         node.claims.check(
             &node.raft,
             connection.as_ref(),
             rpc.vote.leader_id().voted_for(),
         )?;
+        node.identity.admit(cluster_id.as_deref())?;
         // The id becomes a file name (review M4).
         if !cairn_raft::valid_snapshot_id(&rpc.meta.snapshot_id) {
             return Err(Status::invalid_argument(format!(

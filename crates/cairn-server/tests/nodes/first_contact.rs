@@ -287,7 +287,7 @@ async fn a1_health_and_reflection_answer_without_credentials_and_nothing_else_do
         .collect();
     assert_eq!(
         cairn,
-        ["cairn.v1.Boundaries", "cairn.v1.Tokens"],
+        ["cairn.v1.Backup", "cairn.v1.Boundaries", "cairn.v1.Tokens"],
         "of Cairn's services only the client extensions are on the client port, not the peer ones"
     );
 
@@ -297,8 +297,8 @@ async fn a1_health_and_reflection_answer_without_credentials_and_nothing_else_do
         .collect();
     assert_eq!(
         protected.len(),
-        27,
-        "every Orisun method, Cairn's three boundary and two token-key extensions: {protected:?}"
+        28,
+        "every Orisun method, Cairn's three boundary, two token-key and one backup extensions: {protected:?}"
     );
     for path in protected {
         for header in [

@@ -6,6 +6,7 @@
 //! waiting for them (filter with `-- bank::`, `-- cluster::`, ...).
 
 mod abuse;
+mod backup;
 mod bank;
 mod cluster;
 mod credentials;

@@ -54,9 +54,18 @@ enum Rpc {
     Append,
 }
 
-async fn raft_call(channel: Channel, rpc: Rpc, data: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+/// A Raft message as a member of cluster `cluster_id` sends it.
+async fn raft_call(
+    cluster_id: &str,
+    channel: Channel,
+    rpc: Rpc,
+    data: Vec<u8>,
+) -> Result<Vec<u8>, tonic::Status> {
     let mut raft = RaftClient::new(channel);
-    let request = with_secret(cluster_pb::RaftPayload { data });
+    let mut request = with_secret(cluster_pb::RaftPayload { data });
+    request
+        .metadata_mut()
+        .insert("x-cairn-cluster-id", cluster_id.parse().expect("ascii"));
     match rpc {
         Rpc::Vote => raft.vote(request).await,
         Rpc::Append => raft.append_entries(request).await,
@@ -95,6 +104,10 @@ async fn a_peer_of_another_ca_or_naming_another_member_can_neither_vote_nor_appe
     let no_name = pki.issue("no-name", &[]);
     let leaders_name = pki.issue("leaders-name", &names(leader));
     let via = |cert: &PeerCert| cluster.peer_channel(target, Some(cert));
+    let group = std::fs::read_to_string(cluster.member(target).data_dir().join("cluster-id"))
+        .expect("the cluster id")
+        .trim()
+        .to_string();
 
     // Another CA's certificate, naming the leader's host: no handshake, so no call at all.
     let failures = peer_handshake_failures(&cluster, target).await;
@@ -103,7 +116,7 @@ async fn a_peer_of_another_ca_or_naming_another_member_can_neither_vote_nor_appe
             Rpc::Vote => vote(ahead, leader),
             Rpc::Append => append(ahead, leader),
         };
-        let refused = raft_call(via(&foreign), rpc, data)
+        let refused = raft_call(&group, via(&foreign), rpc, data)
             .await
             .expect_err("foreign CA");
         assert_ne!(
@@ -117,33 +130,50 @@ async fn a_peer_of_another_ca_or_naming_another_member_can_neither_vote_nor_appe
     // The cluster CA's certificates, claiming to be a member they do not name.
     let claim = format!("does not name node {leader}");
     denied(
-        raft_call(via(&bystanders_name), Rpc::Vote, vote(ahead, leader)).await,
+        raft_call(
+            &group,
+            via(&bystanders_name),
+            Rpc::Vote,
+            vote(ahead, leader),
+        )
+        .await,
         &claim,
     );
     denied(
-        raft_call(via(&bystanders_name), Rpc::Append, append(ahead, leader)).await,
+        raft_call(
+            &group,
+            via(&bystanders_name),
+            Rpc::Append,
+            append(ahead, leader),
+        )
+        .await,
         &claim,
     );
     denied(
-        raft_call(via(&no_name), Rpc::Append, append(ahead, leader)).await,
+        raft_call(&group, via(&no_name), Rpc::Append, append(ahead, leader)).await,
         &claim,
     );
     denied(
-        raft_call(via(&no_name), Rpc::Vote, vote(ahead, 9)).await,
+        raft_call(&group, via(&no_name), Rpc::Vote, vote(ahead, 9)).await,
         "node 9 is not a member",
     );
 
     // The leader's own name gets through to Raft, which answers a stale claim with a no.
     let stale = before.term.saturating_sub(1);
-    let answer = raft_call(via(&leaders_name), Rpc::Vote, vote(stale, leader))
+    let answer = raft_call(&group, via(&leaders_name), Rpc::Vote, vote(stale, leader))
         .await
         .expect("passes");
     let answer: Result<VoteResponse<u64>, openraft::error::RaftError<u64>> =
         decode(&answer).expect("a vote response");
     assert!(!answer.expect("answered").vote_granted);
-    let answer = raft_call(via(&leaders_name), Rpc::Append, append(stale, leader))
-        .await
-        .expect("passes");
+    let answer = raft_call(
+        &group,
+        via(&leaders_name),
+        Rpc::Append,
+        append(stale, leader),
+    )
+    .await
+    .expect("passes");
     let answer: Result<AppendEntriesResponse<u64>, openraft::error::RaftError<u64>> =
         decode(&answer).expect("an append response");
     assert!(!answer.expect("answered").is_success());
@@ -160,13 +190,13 @@ async fn a_peer_of_another_ca_or_naming_another_member_can_neither_vote_nor_appe
         .tls_config(no_cert)
         .expect("TLS")
         .connect_lazy();
-    raft_call(no_cert, Rpc::Vote, vote(ahead, leader))
+    raft_call(&group, no_cert, Rpc::Vote, vote(ahead, leader))
         .await
         .expect_err("no client certificate");
     let plain = Channel::from_shared(format!("http://{}", member.peer_addr()))
         .expect("uri")
         .connect_lazy();
-    raft_call(plain, Rpc::Vote, vote(ahead, leader))
+    raft_call(&group, plain, Rpc::Vote, vote(ahead, leader))
         .await
         .expect_err("plaintext");
 

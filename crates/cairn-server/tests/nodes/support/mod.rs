@@ -148,6 +148,21 @@ impl Node {
         }
     }
 
+    /// Whether the process has logged a line containing `needle` so far.
+    pub fn logged(&self, needle: &str) -> bool {
+        logged(&self.log, needle)
+    }
+
+    /// Field `field` of the first log line whose message is `message`.
+    pub fn log_field(&self, message: &str, field: &str) -> Option<String> {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.iter().find_map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).ok()?;
+            (v["fields"]["message"] == message)
+                .then(|| v["fields"][field].as_str().map(str::to_string))?
+        })
+    }
+
     /// SIGTERM, and wait for the process to exit.
     pub async fn terminate(mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
@@ -184,8 +199,22 @@ impl Drop for Node {
 impl Launching {
     /// Whether the process has logged a line containing `needle` so far.
     pub fn logged(&self, needle: &str) -> bool {
-        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        log.iter().any(|line| line.contains(needle))
+        logged(&self.log, needle)
+    }
+
+    /// Waits up to `within` for a process that is not to serve to exit; its status, if
+    /// it did.
+    pub async fn exited(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGKILL, and reap: for a process that was never to serve.
@@ -223,6 +252,11 @@ impl Launching {
             .await
             .expect("join")
     }
+}
+
+fn logged(log: &Mutex<Vec<String>>, needle: &str) -> bool {
+    let log = log.lock().unwrap_or_else(|p| p.into_inner());
+    log.iter().any(|line| line.contains(needle))
 }
 
 /// `msg` with Basic credentials.

@@ -22,10 +22,6 @@ use sha2::{Digest, Sha256};
 use crate::client_cli::ClientPortArgs;
 use crate::peer::ClusterIdentity;
 
-/// Largest stream message the CLI accepts (a chunk is far smaller; see
-/// [`crate::backup::BACKUP_CHUNK_BYTES`]).
-const MAX_STREAM_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
-
 /// Flags of `cairn backup`.
 #[derive(Debug, clap::Args)]
 pub struct BackupArgs {
@@ -397,7 +393,7 @@ async fn create(client: ClientPortArgs, to: String, name: Option<String>) -> any
     let started = Instant::now();
     let (channel, credentials) = client.connect().await?;
     let mut backup = BackupClient::with_interceptor(channel, credentials)
-        .max_decoding_message_size(MAX_STREAM_MESSAGE_BYTES);
+        .max_decoding_message_size(crate::backup::MAX_BACKUP_MESSAGE_BYTES);
     let stream = backup
         .create(pb::CreateBackupRequest {})
         .await

@@ -429,7 +429,7 @@ async fn serve_on(
         .max_encoding_message_size(max_reply);
     let backup = BackupServer::new(BackupService::new(ready.clone()))
         .max_decoding_message_size(max)
-        .max_encoding_message_size(max_reply);
+        .max_encoding_message_size(crate::backup::MAX_BACKUP_MESSAGE_BYTES);
 
     let limits = config.connection_limits;
     let tls = client_tls(config.tls.as_ref(), &metrics)?;

@@ -39,7 +39,7 @@ pub const BACKUP_STAGING_DIR: &str = "backup-staging";
 /// Bytes of a file per stream message: well inside any message limit a node accepts.
 pub const BACKUP_CHUNK_BYTES: usize = 256 * 1024;
 /// Largest message of a backup stream, either end: a chunk, or the manifest, which names
-/// every file (~150 bytes each: a terabyte in 64 MiB files is well under a megabyte). Set
+/// every file (~150 bytes each: a terabyte in 64 MiB files is ~2.5 MB of manifest). Set
 /// apart from the client port's response limit, which bounds reads, not this.
 pub const MAX_BACKUP_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Messages read ahead of the client: a slow client holds back the reading, not memory.

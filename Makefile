@@ -49,7 +49,7 @@ build: deps ## Build the release binaries (cairn, cairn-bench) into $CARGO_TARGE
 test: deps ## Run the whole test suite (Cairn's crates with overflow checks and debug assertions)
 	$(CARGO) test $(CHECKED)
 
-test-real-servers: deps ## The suites gated on real servers and tools (Prometheus and kube-apiserver via CAIRN_SHARED_TOOLS, grpcurl)
+test-real-servers: deps ## The suites gated on real servers and tools (Prometheus and kube-apiserver via CAIRN_SHARED_TOOLS, grpcurl, moto_server for S3)
 	$(CARGO) test $(CHECKED) -- --ignored
 
 # Clippy runs on the default members and on the proto generator separately: in one

@@ -1,15 +1,16 @@
-//! `cairn backup …` and `cairn restore`: take a backup of a running node into a directory,
-//! list and verify backups, and turn one into the data directory of a new cluster.
+//! `cairn backup …` and `cairn restore`: take a backup of a running node into a directory
+//! or an S3 bucket, list, verify and delete backups, and turn one into the data directory
+//! of a new cluster.
 //!
 //! A backup lands under `DEST/NAME/`: the files first, each checked against the SHA-256
-//! the node computed while sending it, then `manifest.json`, written last and renamed
-//! into place, so a backup that was cut off has no manifest and is never mistaken for a
-//! complete one. Layout and manifest fields: docs/backup.md.
+//! the node computed while sending it, then `manifest.json`, written last, so a backup
+//! that was cut off has no manifest and is never mistaken for a complete one. Where
+//! backups are kept: [`crate::backup_target`]. Layout and manifest fields: docs/backup.md.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -19,6 +20,7 @@ use cairn_store::backup::{self as store_backup, MANIFEST_FILE, Manifest, Manifes
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::backup_target::{BackupWriter, FileWriter, LocalCopy, Location, S3Args, Transfer};
 use crate::client_cli::ClientPortArgs;
 use crate::peer::ClusterIdentity;
 
@@ -34,44 +36,71 @@ pub struct BackupArgs {
 #[derive(Debug, clap::Subcommand)]
 pub enum BackupAction {
     /// Take an online, consistent backup of a running node (any member; a follower spares
-    /// the leader the disk reads) into a new directory below --to. The node keeps serving.
+    /// the leader the disk reads) into a new backup below --to. The node keeps serving.
     Create {
         #[command(flatten)]
         client: Box<ClientPortArgs>,
-        /// Directory that holds backups; each backup is a directory below it.
+        /// Where backups are kept: a directory, or s3://BUCKET/PREFIX (credentials from
+        /// the standard AWS environment variables); each backup is a directory or key
+        /// prefix below it.
         #[arg(long, env = "CAIRN_BACKUP_TO")]
         to: String,
         /// Name of the new backup (default: cairn-<UTC time>, e.g. cairn-20261207T013000Z).
         #[arg(long, env = "CAIRN_BACKUP_NAME")]
         name: Option<String>,
+        #[command(flatten)]
+        s3: S3Args,
     },
-    /// List the backups below a directory, oldest first, with what each holds.
+    /// List the backups below a directory or s3:// prefix, oldest first, with what each
+    /// holds; a backup without its manifest is shown as incomplete.
     List {
-        /// Directory that holds backups.
+        /// A directory or s3://BUCKET/PREFIX that holds backups.
         #[arg(long, env = "CAIRN_BACKUP_FROM")]
-        from: PathBuf,
+        from: String,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        s3: S3Args,
     },
     /// Check a backup: its manifest, every file's size and SHA-256, and the checkpoint
-    /// opened read-only holding the events, users and indexes the manifest names.
+    /// opened read-only holding the events, users and indexes the manifest names. A
+    /// backup in a bucket is downloaded first (below --scratch-dir) and removed after.
     Verify {
-        /// The backup's directory (DEST/NAME).
+        /// The backup (DEST/NAME, as `cairn backup list` shows it).
         #[arg(long, env = "CAIRN_BACKUP_FROM")]
-        from: PathBuf,
+        from: String,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Directory to download a backup from a bucket into; needs room for the whole
+        /// backup (default: the system's temporary directory).
+        #[arg(long, env = "CAIRN_BACKUP_SCRATCH_DIR")]
+        scratch_dir: Option<PathBuf>,
+        #[command(flatten)]
+        s3: S3Args,
+    },
+    /// Delete a backup, complete or not: its manifest first, then its files. Refuses a
+    /// location that holds anything else than a backup does.
+    Delete {
+        /// The backup (DEST/NAME, as `cairn backup list` shows it).
+        #[arg(long, env = "CAIRN_BACKUP_FROM")]
+        from: String,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        s3: S3Args,
     },
 }
 
 /// Flags of `cairn restore`.
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
-    /// The backup's directory (DEST/NAME, as `cairn backup list` shows it).
+    /// The backup (DEST/NAME, as `cairn backup list` shows it): a directory or
+    /// s3://BUCKET/PREFIX/NAME. One in a bucket is downloaded into --data-dir first.
     #[arg(long, env = "CAIRN_RESTORE_FROM")]
-    pub from: PathBuf,
+    pub from: String,
     /// Data directory to create (missing or empty), then served by `cairn serve
     /// --data-dir` as a new one-node cluster.
     #[arg(long, env = "CAIRN_DATA_DIR")]
@@ -79,6 +108,8 @@ pub struct RestoreArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub s3: S3Args,
 }
 
 /// `YYYYMMDDTHHMMSSZ` of a Unix time (UTC), for backup names that sort by time.
@@ -117,16 +148,6 @@ fn valid_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
-/// Where `--to` points.
-fn local_destination(to: &str) -> anyhow::Result<PathBuf> {
-    if let Some((scheme, _)) = to.split_once("://") {
-        bail!(
-            "--to {to:?}: {scheme}:// destinations are not supported by this version; give a directory (an S3 bucket can be mounted, or the directory copied with your tools)"
-        );
-    }
-    Ok(PathBuf::from(to))
 }
 
 /// Progress on a terminal, a line at the end otherwise.
@@ -168,32 +189,71 @@ impl Progress {
     }
 }
 
+/// A progress display fed by a download's [`Transfer`]s.
+fn download_progress() -> impl FnMut(Transfer) {
+    let mut progress: Option<Progress> = None;
+    move |transfer| match transfer {
+        Transfer::Started(total) => {
+            if std::io::stderr().is_terminal() {
+                eprintln!("downloading {}", mib(total));
+            }
+            progress = Some(Progress::new(total));
+        }
+        Transfer::Moved(bytes) => {
+            if let Some(p) = progress.as_mut() {
+                p.advance(bytes);
+            }
+        }
+        Transfer::Done => {
+            if let Some(p) = progress.as_ref() {
+                p.finish();
+            }
+        }
+    }
+}
+
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 /// A file being received.
 struct Incoming {
-    file: File,
+    file: FileWriter,
     hasher: Sha256,
     size: u64,
 }
 
-/// Receives a backup stream into `dir` (which it creates; it must not exist).
+/// Receives a backup stream through `writer`. When it fails, uploads in progress are
+/// aborted; the files already whole stay, without a manifest (an incomplete backup).
 async fn receive(
-    mut stream: tonic::Streaming<pb::BackupChunk>,
-    dir: &Path,
+    stream: tonic::Streaming<pb::BackupChunk>,
+    writer: &BackupWriter,
     client: &ClientPortArgs,
 ) -> anyhow::Result<Manifest> {
-    let mut progress: Option<Progress> = None;
     let mut open: BTreeMap<String, Incoming> = BTreeMap::new();
+    let received = receive_files(stream, writer, client, &mut open).await;
+    if received.is_err() {
+        for (_, incoming) in std::mem::take(&mut open) {
+            incoming.file.abort().await;
+        }
+    }
+    received
+}
+
+async fn receive_files(
+    mut stream: tonic::Streaming<pb::BackupChunk>,
+    writer: &BackupWriter,
+    client: &ClientPortArgs,
+    open: &mut BTreeMap<String, Incoming>,
+) -> anyhow::Result<Manifest> {
+    let mut progress: Option<Progress> = None;
     let mut received: BTreeMap<String, ManifestFile> = BTreeMap::new();
     loop {
         let chunk = match stream.message().await {
             Ok(Some(chunk)) => chunk,
             Ok(None) => bail!(
                 "the node ended the stream before the manifest: the backup in {} is incomplete",
-                dir.display()
+                writer.display()
             ),
             Err(status) => return Err(client.failed(&status)),
         };
@@ -208,47 +268,29 @@ async fn receive(
                 }
                 let incoming = match open.entry(data.path.clone()) {
                     std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(e) => {
-                        let path = dir.join(&data.path);
-                        if let Some(parent) = path.parent() {
-                            fs::create_dir_all(parent).with_context(|| {
-                                format!("failed to create {}", parent.display())
-                            })?;
-                        }
-                        let file = File::create_new(&path)
-                            .with_context(|| format!("failed to create {}", path.display()))?;
-                        e.insert(Incoming {
-                            file,
-                            hasher: Sha256::new(),
-                            size: 0,
-                        })
-                    }
+                    std::collections::btree_map::Entry::Vacant(e) => e.insert(Incoming {
+                        file: writer.open(&data.path)?,
+                        hasher: Sha256::new(),
+                        size: 0,
+                    }),
                 };
-                incoming.file.write_all(&data.data).with_context(|| {
-                    format!("failed to write {}", dir.join(&data.path).display())
-                })?;
                 incoming.hasher.update(&data.data);
                 incoming.size += data.data.len() as u64;
+                let len = data.data.len() as u64;
+                incoming.file.write(data.data).await?;
                 if let Some(p) = progress.as_mut() {
-                    p.advance(data.data.len() as u64);
+                    p.advance(len);
                 }
             }
             Some(Part::End(end)) => {
-                let path = dir.join(&end.path);
                 let incoming = match open.remove(&end.path) {
                     Some(incoming) => incoming,
                     // An empty file has no data message.
                     None if store_backup::valid_file_path(&end.path)
                         && !received.contains_key(&end.path) =>
                     {
-                        if let Some(parent) = path.parent() {
-                            fs::create_dir_all(parent).with_context(|| {
-                                format!("failed to create {}", parent.display())
-                            })?;
-                        }
                         Incoming {
-                            file: File::create_new(&path)
-                                .with_context(|| format!("failed to create {}", path.display()))?,
+                            file: writer.open(&end.path)?,
                             hasher: Sha256::new(),
                             size: 0,
                         }
@@ -257,6 +299,7 @@ async fn receive(
                 };
                 let sha256 = store_backup::hex(&incoming.hasher.finalize());
                 if incoming.size != end.size || sha256 != end.sha256 {
+                    incoming.file.abort().await;
                     bail!(
                         "{} arrived damaged: {} bytes with SHA-256 {sha256}, the node sent {} bytes with {}",
                         end.path,
@@ -265,10 +308,7 @@ async fn receive(
                         end.sha256
                     );
                 }
-                incoming
-                    .file
-                    .sync_all()
-                    .with_context(|| format!("failed to sync {}", path.display()))?;
+                incoming.file.finish().await?;
                 received.insert(
                     end.path.clone(),
                     ManifestFile {
@@ -290,13 +330,10 @@ async fn receive(
                 if named != got || !open.is_empty() {
                     bail!(
                         "the node's manifest names other files than it sent: the backup in {} is incomplete",
-                        dir.display()
+                        writer.display()
                     );
                 }
-                for sub in dirs_below(dir)? {
-                    cairn_store::sync_dir(&sub)?;
-                }
-                store_backup::write_manifest(dir, &manifest)?;
+                writer.commit(&manifest).await?;
                 if let Some(p) = progress.as_ref() {
                     p.finish();
                 }
@@ -305,25 +342,6 @@ async fn receive(
             None => bail!("the node sent an empty message"),
         }
     }
-}
-
-/// `dir` and every directory below it.
-fn dirs_below(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut out = vec![dir.to_path_buf()];
-    let mut i = 0;
-    while i < out.len() {
-        let here = out[i].clone();
-        for entry in
-            fs::read_dir(&here).with_context(|| format!("failed to list {}", here.display()))?
-        {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                out.push(entry.path());
-            }
-        }
-        i += 1;
-    }
-    Ok(out)
 }
 
 fn summary_json(name: &str, manifest: &Manifest) -> serde_json::Value {
@@ -373,52 +391,53 @@ fn print_summary(headline: &str, manifest: &Manifest) {
     );
 }
 
-async fn create(client: ClientPortArgs, to: String, name: Option<String>) -> anyhow::Result<()> {
-    let root = local_destination(&to)?;
+async fn create(
+    client: ClientPortArgs,
+    to: String,
+    name: Option<String>,
+    s3: S3Args,
+) -> anyhow::Result<()> {
+    let root = Location::parse(&to, &s3).context("--to")?;
     let name = name.unwrap_or_else(|| format!("cairn-{}", utc_stamp(now_unix())));
     if !valid_name(&name) {
         bail!(
             "--name {name:?}: a backup name is letters, digits, '-', '_' and '.', not starting with '.'"
         );
     }
-    fs::create_dir_all(&root)
-        .with_context(|| format!("failed to create --to {}", root.display()))?;
-    let dir = root.join(&name);
-    fs::create_dir(&dir).with_context(|| {
-        format!(
-            "failed to create {}: a backup of that name exists already? (--name picks another)",
-            dir.display()
-        )
-    })?;
+    let location = root.join(&name);
+    // Before the node is asked for anything: a destination that cannot be written (no
+    // bucket, no credentials, a name in use) costs the node no checkpoint.
+    let writer = BackupWriter::start(&location).await?;
     let started = Instant::now();
     let (channel, credentials) = client.connect().await?;
     let mut backup = BackupClient::with_interceptor(channel, credentials)
         .max_decoding_message_size(crate::backup::MAX_BACKUP_MESSAGE_BYTES);
+    let incomplete = || {
+        format!(
+            "the backup {} is incomplete (it has no {MANIFEST_FILE}); `cairn backup delete --from {}` removes it",
+            location.display(),
+            location.display()
+        )
+    };
     let stream = backup
         .create(pb::CreateBackupRequest {})
         .await
         .map_err(|s| client.failed(&s))
-        .with_context(|| format!("the backup in {} was not taken", dir.display()))?
+        .with_context(incomplete)?
         .into_inner();
-    let manifest = match receive(stream, &dir, &client).await {
-        Ok(manifest) => manifest,
-        Err(e) => {
-            return Err(e.context(format!(
-                "the backup in {} is incomplete (it has no {MANIFEST_FILE}); remove it",
-                dir.display()
-            )));
-        }
-    };
+    let manifest = receive(stream, &writer, &client)
+        .await
+        .with_context(incomplete)?;
     if client.json {
         let mut out = summary_json(&name, &manifest);
-        out["path"] = json!(dir.display().to_string());
+        out["path"] = json!(location.display());
         out["seconds"] = json!(started.elapsed().as_secs_f64());
         println!("{out}");
     } else {
         print_summary(
             &format!(
                 "backup {} written in {:.1}s",
-                dir.display(),
+                location.display(),
                 started.elapsed().as_secs_f64()
             ),
             &manifest,
@@ -427,24 +446,17 @@ async fn create(client: ClientPortArgs, to: String, name: Option<String>) -> any
     Ok(())
 }
 
-fn list(from: &Path, as_json: bool) -> anyhow::Result<()> {
-    let mut names: Vec<String> = fs::read_dir(from)
-        .with_context(|| format!("failed to list --from {}", from.display()))?
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
+async fn list(from: &str, as_json: bool, s3: &S3Args) -> anyhow::Result<()> {
+    let location = Location::parse(from, s3).context("--from")?;
     let mut rows = Vec::new();
-    for name in names {
-        let dir = from.join(&name);
-        let row = match store_backup::read_manifest(&dir) {
+    for (name, manifest) in location.backups().await? {
+        let row = match manifest {
             Ok(manifest) => {
                 let mut row = summary_json(&name, &manifest);
                 row["complete"] = json!(true);
                 row
             }
-            Err(e) => json!({"name": name, "complete": false, "problem": e.to_string()}),
+            Err(problem) => json!({"name": name, "complete": false, "problem": problem}),
         };
         rows.push(row);
     }
@@ -453,7 +465,7 @@ fn list(from: &Path, as_json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no backups in {}", from.display());
+        println!("no backups in {}", location.display());
     }
     for row in rows {
         if row["complete"] == json!(true) {
@@ -476,10 +488,33 @@ fn list(from: &Path, as_json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn verify(from: &Path, as_json: bool) -> anyhow::Result<()> {
-    let manifest = store_backup::verify(from)
-        .with_context(|| format!("backup {} failed verification", from.display()))?;
-    let name = backup_name(from);
+/// Runs a blocking store call (hashing and opening a checkpoint) off the async runtime.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .context("the backup task failed")?
+}
+
+async fn verify(
+    from: &str,
+    as_json: bool,
+    scratch: Option<PathBuf>,
+    s3: &S3Args,
+) -> anyhow::Result<()> {
+    let location = Location::parse(from, s3).context("--from")?;
+    let scratch = scratch.unwrap_or_else(std::env::temp_dir);
+    let local = location
+        .local_copy(&scratch, &mut download_progress())
+        .await
+        .with_context(|| format!("backup {} failed verification", location.display()))?;
+    let dir = local.path().to_path_buf();
+    let manifest = blocking(move || store_backup::verify(&dir).map_err(anyhow::Error::from))
+        .await
+        .with_context(|| format!("backup {} failed verification", location.display()))?;
+    drop(local);
+    let name = location.name();
     if as_json {
         let mut out = summary_json(&name, &manifest);
         out["verified"] = json!(true);
@@ -488,7 +523,7 @@ fn verify(from: &Path, as_json: bool) -> anyhow::Result<()> {
         print_summary(
             &format!(
                 "backup {} verified: every file matches its SHA-256, the checkpoint opens and holds what the manifest says",
-                from.display()
+                location.display()
             ),
             &manifest,
         );
@@ -496,42 +531,39 @@ fn verify(from: &Path, as_json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The name of the backup in `dir` (its last path component).
-fn backup_name(dir: &Path) -> String {
-    dir.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
+async fn delete(from: &str, as_json: bool, s3: &S3Args) -> anyhow::Result<()> {
+    let location = Location::parse(from, s3).context("--from")?;
+    let removed = location.delete().await?;
+    if as_json {
+        println!(
+            "{}",
+            json!({"deleted": location.display(), "name": location.name(), "files": removed})
+        );
+    } else {
+        println!("deleted backup {} ({removed} files)", location.display());
+    }
+    Ok(())
 }
 
 /// Runs `cairn restore`.
-pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
+pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
+    let location = Location::parse(&args.from, &args.s3).context("--from")?;
     if !store_backup::is_empty_dir(&args.data_dir)? {
         bail!(
             "--data-dir {} is not empty: restore only into a new or empty directory (nothing was changed)",
             args.data_dir.display()
         );
     }
-    let db = args.data_dir.join("db");
-    // Verified before anything is created: a refused backup leaves no directory behind.
-    let manifest = store_backup::restore(&args.from, &db).with_context(|| {
-        format!(
-            "failed to restore {} into {}",
-            args.from.display(),
-            args.data_dir.display()
-        )
-    })?;
-    crate::data_dir::prepare(&args.data_dir, false)?;
-    let cluster_id = ClusterIdentity::create_new(&args.data_dir)?;
-    let marker = args.data_dir.join(crate::backup::RESTORED_MARKER);
-    let mut record = summary_json(&backup_name(&args.from), &manifest);
-    record["from"] = json!(args.from.display().to_string());
-    record["new_cluster_id"] = json!(cluster_id);
-    fs::write(&marker, format!("{record}\n"))
-        .and_then(|_| File::open(&marker)?.sync_all())
-        .and_then(|_| File::open(&args.data_dir)?.sync_all())
-        .with_context(|| format!("failed to write {}", marker.display()))?;
+    let created = !args.data_dir.exists();
+    let restored = restore_into(&location, &args).await;
+    if restored.is_err() && created {
+        // A refused or failed restore leaves no directory behind, not even a download.
+        let _ = fs::remove_dir_all(&args.data_dir);
+    }
+    let (manifest, cluster_id) = restored?;
+    let name = location.name();
     if args.json {
-        let mut out = summary_json(&backup_name(&args.from), &manifest);
+        let mut out = summary_json(&name, &manifest);
         out["data_dir"] = json!(args.data_dir.display().to_string());
         out["new_cluster_id"] = json!(cluster_id);
         println!("{out}");
@@ -539,7 +571,7 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         print_summary(
             &format!(
                 "restored {} into {}",
-                args.from.display(),
+                location.display(),
                 args.data_dir.display()
             ),
             &manifest,
@@ -555,12 +587,75 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn restore_into(
+    location: &Location,
+    args: &RestoreArgs,
+) -> anyhow::Result<(Manifest, String)> {
+    let failed = || {
+        format!(
+            "failed to restore {} into {}",
+            location.display(),
+            args.data_dir.display()
+        )
+    };
+    // A download goes into the data directory itself, so its files are moved into place
+    // rather than copied: a restore from a bucket needs room for the backup once.
+    let local = match location {
+        Location::Dir(_) => location.local_copy(&args.data_dir, &mut |_| {}).await,
+        Location::Bucket(_) => {
+            location
+                .local_copy(&args.data_dir, &mut download_progress())
+                .await
+        }
+    }
+    .with_context(failed)?;
+    let db = args.data_dir.join(store_backup::DB_DIR);
+    let (from, moving) = match &local {
+        LocalCopy::InPlace(dir) => (dir.clone(), false),
+        LocalCopy::Downloaded(dir) => (dir.path().to_path_buf(), true),
+    };
+    // Verified before anything is created: a refused backup leaves no directory behind.
+    let manifest = blocking(move || {
+        if moving {
+            store_backup::restore_by_moving(&from, &db)
+        } else {
+            store_backup::restore(&from, &db)
+        }
+        .map_err(anyhow::Error::from)
+    })
+    .await
+    .with_context(failed)?;
+    drop(local);
+    crate::data_dir::prepare(&args.data_dir, false)?;
+    let cluster_id = ClusterIdentity::create_new(&args.data_dir)?;
+    let marker = args.data_dir.join(crate::backup::RESTORED_MARKER);
+    let mut record = summary_json(&location.name(), &manifest);
+    record["from"] = json!(location.display());
+    record["new_cluster_id"] = json!(cluster_id);
+    fs::write(&marker, format!("{record}\n"))
+        .and_then(|_| File::open(&marker)?.sync_all())
+        .and_then(|_| File::open(&args.data_dir)?.sync_all())
+        .with_context(|| format!("failed to write {}", marker.display()))?;
+    Ok((manifest, cluster_id))
+}
+
 /// Runs a `cairn backup` subcommand and prints its result.
 pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
     match args.action {
-        BackupAction::Create { client, to, name } => create(*client, to, name).await,
-        BackupAction::List { from, json } => list(&from, json),
-        BackupAction::Verify { from, json } => verify(&from, json),
+        BackupAction::Create {
+            client,
+            to,
+            name,
+            s3,
+        } => create(*client, to, name, s3).await,
+        BackupAction::List { from, json, s3 } => list(&from, json, &s3).await,
+        BackupAction::Verify {
+            from,
+            json,
+            scratch_dir,
+            s3,
+        } => verify(&from, json, scratch_dir, &s3).await,
+        BackupAction::Delete { from, json, s3 } => delete(&from, json, &s3).await,
     }
 }
 
@@ -588,12 +683,44 @@ mod tests {
     }
 
     #[test]
-    fn an_object_store_url_is_refused_with_the_reason() {
-        let e = local_destination("s3://bucket/prefix").unwrap_err();
-        assert!(e.to_string().contains("s3:// destinations"), "{e}");
-        assert_eq!(
-            local_destination("/backups").unwrap(),
-            PathBuf::from("/backups")
+    fn every_subcommand_takes_a_bucket_and_its_endpoint() {
+        for argv in [
+            &["cairn", "backup", "list", "--from", "s3://b/p"][..],
+            &[
+                "cairn",
+                "backup",
+                "verify",
+                "--from",
+                "s3://b/p/n",
+                "--scratch-dir",
+                "/t",
+            ],
+            &["cairn", "backup", "delete", "--from", "s3://b/p/n"],
+            &[
+                "cairn",
+                "restore",
+                "--from",
+                "s3://b/p/n",
+                "--data-dir",
+                "/d",
+            ],
+        ] {
+            let mut argv = argv.to_vec();
+            argv.extend(["--s3-endpoint", "http://minio:9000", "--s3-part-mib", "8"]);
+            assert!(Cli::try_parse_from(&argv).is_ok(), "{argv:?}");
+        }
+        let small = Cli::try_parse_from([
+            "cairn",
+            "backup",
+            "list",
+            "--from",
+            "s3://b",
+            "--s3-part-mib",
+            "4",
+        ]);
+        assert!(
+            small.is_err(),
+            "S3 refuses parts below 5 MiB: so do we, up front"
         );
     }
 
@@ -613,7 +740,10 @@ mod tests {
         .expect("valid");
         match cli.command {
             Command::Backup(BackupArgs {
-                action: BackupAction::Create { client, to, name },
+                action:
+                    BackupAction::Create {
+                        client, to, name, ..
+                    },
             }) => {
                 assert_eq!((client.endpoint.as_str(), to.as_str()), ("db:5005", "/b"));
                 assert_eq!(name, None);

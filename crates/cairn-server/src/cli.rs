@@ -110,11 +110,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster(args) => crate::cluster_cli::run(args).await?,
         Command::Tokens(args) => crate::tokens_cli::run(args).await?,
         Command::Backup(args) => crate::backup_cli::run(args).await?,
-        Command::Restore(args) => {
-            tokio::task::spawn_blocking(move || crate::backup_cli::restore(args))
-                .await
-                .context("the restore task failed")??
-        }
+        Command::Restore(args) => crate::backup_cli::restore(args).await?,
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod auth;
 pub mod backup;
 pub mod backup_cli;
+pub mod backup_target;
 pub mod bootstrap;
 pub mod boundaries;
 pub mod cli;

@@ -451,6 +451,17 @@ pub fn is_empty_dir(dir: &Path) -> Result<bool, StoreError> {
 /// belong to the old cluster). Every file and directory is synced before it returns.
 /// Verifies the backup first; nothing is written if that fails.
 pub fn restore(backup: &Path, db_dir: &Path) -> Result<Manifest, BackupError> {
+    restore_files(backup, db_dir, false)
+}
+
+/// [`restore`] from a copy of a backup that is no longer needed (a download), on the same
+/// file system as `db_dir`: its files are renamed into place instead of copied, so the
+/// restore needs room for the backup once, not twice.
+pub fn restore_by_moving(backup: &Path, db_dir: &Path) -> Result<Manifest, BackupError> {
+    restore_files(backup, db_dir, true)
+}
+
+fn restore_files(backup: &Path, db_dir: &Path, moving: bool) -> Result<Manifest, BackupError> {
     if !is_empty_dir(db_dir)? {
         return Err(BackupError::TargetNotEmpty(db_dir.to_path_buf()));
     }
@@ -467,11 +478,19 @@ pub fn restore(backup: &Path, db_dir: &Path) -> Result<Manifest, BackupError> {
                 .map_err(io(format!("failed to create {}", parent.display())))?;
         }
         let from = backup.join(&file.path);
-        fs::copy(&from, &to).map_err(io(format!(
-            "failed to copy {} to {}",
-            from.display(),
-            to.display()
-        )))?;
+        if moving {
+            fs::rename(&from, &to).map_err(io(format!(
+                "failed to move {} to {}",
+                from.display(),
+                to.display()
+            )))?;
+        } else {
+            fs::copy(&from, &to).map_err(io(format!(
+                "failed to copy {} to {}",
+                from.display(),
+                to.display()
+            )))?;
+        }
         File::open(&to)
             .and_then(|f| f.sync_all())
             .map_err(io(format!("failed to sync {}", to.display())))?;

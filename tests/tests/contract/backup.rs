@@ -152,12 +152,9 @@ async fn a_backup_taken_under_writes_restores_exactly_the_events_up_to_its_manif
     let restored_dir = tempfile::tempdir().expect("dir");
     let data = restored_dir.path().join("data");
     let (from, to) = (dir.display().to_string(), data.display().to_string());
-    tokio::task::spawn_blocking(move || {
-        cairn_server::backup_cli::restore(restore_args(&["--from", &from, "--data-dir", &to]))
-    })
-    .await
-    .expect("task")
-    .expect("restore");
+    cairn_server::backup_cli::restore(restore_args(&["--from", &from, "--data-dir", &to]))
+        .await
+        .expect("restore");
 
     let restored = TestServer::start_in(restored_dir, |_| {}).await;
     let mut client = restored.client();
@@ -258,6 +255,7 @@ async fn a_backup_needs_the_admin_role_and_a_restore_an_empty_directory() {
     let from = backups.path().join("ok").display().to_string();
     let to = used.path().display().to_string();
     let e = cairn_server::backup_cli::restore(restore_args(&["--from", &from, "--data-dir", &to]))
+        .await
         .expect_err("not empty");
     assert!(format!("{e:#}").contains("is not empty"), "{e:#}");
     assert_eq!(
@@ -279,6 +277,7 @@ async fn a_backup_needs_the_admin_role_and_a_restore_an_empty_directory() {
     let empty = tempfile::tempdir().expect("dir");
     let to = empty.path().join("data").display().to_string();
     let e = cairn_server::backup_cli::restore(restore_args(&["--from", &from, "--data-dir", &to]))
+        .await
         .expect_err("checksum mismatch");
     assert!(format!("{e:#}").contains("checksum mismatch"), "{e:#}");
     assert!(

@@ -7,6 +7,7 @@
 
 mod abuse;
 mod backup;
+mod backup_s3;
 mod bank;
 mod cluster;
 mod credentials;

@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod lossy;
 pub mod peer_pki;
 pub mod prometheus;
+pub mod s3;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

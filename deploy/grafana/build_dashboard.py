@@ -303,6 +303,29 @@ line(
     ),
 )
 
+row("Backups")
+line(
+    dict(
+        title="Last backup",
+        description="Time since each node last streamed a whole backup (cairn backup create, to a directory or S3). CairnBackupMissing fires when no member has one younger than 25 hours. Kept across restarts.",
+        targets=[(f"time() - (cairn_backup_last_success_timestamp_seconds{{{SEL}}} > 0)", "{{instance}}")],
+        unit="s",
+    ),
+    dict(
+        title="Backup size and duration",
+        description="Size of the last whole backup of each node, and how long it took to stream.",
+        targets=[
+            (f"cairn_backup_bytes{{{SEL}}}", "bytes {{instance}}"),
+            (f"cairn_backup_duration_seconds{{{SEL}}}", "seconds {{instance}}"),
+        ],
+    ),
+    dict(
+        title="Backups by result",
+        description="Backups streamed per node in the last day: succeeded, client_gone (the client left before the manifest) or failed (the node could not take or read its checkpoint; it logs why).",
+        targets=[(f"sum by (instance, result) (increase(cairn_backups_total{{{SEL}}}[1d]))", "{{instance}} {{result}}")],
+    ),
+)
+
 row("TLS")
 line(
     dict(

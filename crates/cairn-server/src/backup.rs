@@ -24,6 +24,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::metrics::Metrics;
 use crate::rpc::node_of;
 use crate::state::{NodeState, Ready, unix_nanos};
 
@@ -36,6 +37,71 @@ const SEAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Directory (in the data directory) of the checkpoints being streamed.
 pub const BACKUP_STAGING_DIR: &str = "backup-staging";
+/// File (in the data directory) of the last backup this node streamed whole, so that
+/// `cairn_backup_last_success_timestamp_seconds` survives a restart: an alert on backups
+/// that stopped must not fire, or fall silent, because a node restarted.
+pub const LAST_BACKUP_FILE: &str = "backup-last-success.json";
+
+/// What [`LAST_BACKUP_FILE`] holds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LastBackup {
+    pub unix_seconds: i64,
+    pub duration_seconds: f64,
+    pub bytes: u64,
+    pub applied_index: u64,
+}
+
+fn publish(metrics: &Metrics, last: &LastBackup) {
+    metrics.backup_last_success.set(last.unix_seconds);
+    metrics.backup_duration.set(last.duration_seconds);
+    metrics
+        .backup_bytes
+        .set(i64::try_from(last.bytes).unwrap_or(i64::MAX));
+}
+
+/// Publishes the last backup a previous process recorded (none: the gauges stay 0).
+pub fn load_last_success(data_dir: &Path, metrics: &Metrics) {
+    let path = data_dir.join(LAST_BACKUP_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => match serde_json::from_slice::<LastBackup>(&bytes) {
+            Ok(last) => publish(metrics, &last),
+            Err(e) => tracing::warn!(
+                "ignoring {}: {e}; cairn_backup_last_success_timestamp_seconds starts at 0 until the next backup",
+                path.display()
+            ),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(
+            "failed to read {}: {e}; cairn_backup_last_success_timestamp_seconds starts at 0 until the next backup",
+            path.display()
+        ),
+    }
+}
+
+/// Publishes a backup streamed whole and records it for the next start (a failure to
+/// record is logged: the backup itself is fine, only a restart would forget its time).
+fn record_success(data_dir: &Path, metrics: &Metrics, last: &LastBackup) {
+    metrics.backups.with_label_values(&["succeeded"]).inc();
+    publish(metrics, last);
+    let path = data_dir.join(LAST_BACKUP_FILE);
+    let tmp = data_dir.join(format!("{LAST_BACKUP_FILE}.tmp"));
+    let written = serde_json::to_vec(last)
+        .map_err(std::io::Error::other)
+        .and_then(|json| {
+            let mut file = File::create(&tmp)?;
+            std::io::Write::write_all(&mut file, &json)?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        })
+        .map_err(|e| e.to_string())
+        .and_then(|()| cairn_store::sync_dir(data_dir).map_err(|e| e.to_string()));
+    if let Err(e) = written {
+        tracing::warn!(
+            "failed to record the backup in {}: {e}; after a restart cairn_backup_last_success_timestamp_seconds shows the one before",
+            path.display()
+        );
+    }
+}
 /// Bytes of a file per stream message: well inside any message limit a node accepts.
 pub const BACKUP_CHUNK_BYTES: usize = 256 * 1024;
 /// Largest message of a backup stream, either end: a chunk, or the manifest, which names
@@ -209,7 +275,8 @@ enum Cut {
 }
 
 /// Streams the staged checkpoint into `tx` (blocking reads: run on a blocking thread).
-fn stream(staged: Staged, tx: &mpsc::Sender<Result<pb::BackupChunk, Status>>) -> Result<(), Cut> {
+/// Returns the backup's size in bytes once the manifest is handed to the connection.
+fn stream(staged: Staged, tx: &mpsc::Sender<Result<pb::BackupChunk, Status>>) -> Result<u64, Cut> {
     let _remove = RemoveOnDrop(staged.dir.clone());
     let send = |chunk: pb::BackupChunk| tx.blocking_send(Ok(chunk)).map_err(|_| Cut::ClientGone);
     let fail = |e: String| {
@@ -259,7 +326,8 @@ fn stream(staged: Staged, tx: &mpsc::Sender<Result<pb::BackupChunk, Status>>) ->
     }
     send(part(pb::backup_chunk::Part::ManifestJson(
         manifest.to_json(),
-    )))
+    )))?;
+    Ok(total)
 }
 
 #[tonic::async_trait]
@@ -284,6 +352,7 @@ impl Backup for BackupService {
             })?
             .map_err(|e| {
                 tracing::error!("{e}");
+                node.metrics.backups.with_label_values(&["failed"]).inc();
                 cairn_proto::to_status(e)
             })?;
         tracing::info!(
@@ -293,16 +362,30 @@ impl Backup for BackupService {
         );
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let started = std::time::Instant::now();
+        let applied_index = staged.manifest.applied.index;
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
+            let metrics = &node.metrics;
             match stream(staged, &tx) {
-                Ok(()) => {
-                    tracing::info!("backup streamed in {:.1}s", started.elapsed().as_secs_f64())
+                Ok(bytes) => {
+                    let seconds = started.elapsed().as_secs_f64();
+                    tracing::info!(bytes, applied_index, "backup streamed in {seconds:.1}s");
+                    let last = LastBackup {
+                        unix_seconds: unix_nanos().div_euclid(1_000_000_000),
+                        duration_seconds: seconds,
+                        bytes,
+                        applied_index,
+                    };
+                    record_success(&node.config.data_dir, metrics, &last);
                 }
                 Err(Cut::ClientGone) => {
+                    metrics.backups.with_label_values(&["client_gone"]).inc();
                     tracing::warn!("backup stream ended before the manifest: the client went away")
                 }
-                Err(Cut::Failed(e)) => tracing::error!("backup failed: {e}"),
+                Err(Cut::Failed(e)) => {
+                    metrics.backups.with_label_values(&["failed"]).inc();
+                    tracing::error!("backup failed: {e}")
+                }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

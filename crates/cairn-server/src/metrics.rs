@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tonic::Code;
@@ -70,6 +70,15 @@ pub struct Metrics {
     pub snapshot_chunks_sent: IntCounter,
     /// Positions the furthest-behind subscription of each boundary has not yet scanned.
     pub subscription_lag: IntGaugeVec,
+    /// Backups this node streamed, by result.
+    pub backups: IntCounterVec,
+    /// When this node last streamed a whole backup (Unix seconds; 0: never). Kept in the
+    /// data directory, so a restart does not forget it.
+    pub backup_last_success: IntGauge,
+    /// How long that backup took to stream (seconds).
+    pub backup_duration: Gauge,
+    /// How many bytes that backup held.
+    pub backup_bytes: IntGauge,
     /// Bytes available to the node on the data directory's filesystem.
     pub data_dir_available_bytes: IntGauge,
     /// Size of the data directory's filesystem.
@@ -297,6 +306,25 @@ impl Metrics {
                     "Positions the furthest-behind subscription of a boundary has yet to scan"
                 ),
                 &["boundary"]
+            )?),
+            backups: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_backups_total",
+                    "Backups this node streamed, by result: succeeded (every file and the manifest handed to the client's connection), client_gone (the client left before the manifest), failed (the node could not take or read its checkpoint)"
+                ),
+                &["result"]
+            )?),
+            backup_last_success: reg!(IntGauge::new(
+                "cairn_backup_last_success_timestamp_seconds",
+                "When this node last streamed a whole backup (Unix seconds, kept across restarts; 0 if it never has)"
+            )?),
+            backup_duration: reg!(Gauge::new(
+                "cairn_backup_duration_seconds",
+                "How long the last whole backup of this node took to stream, in seconds"
+            )?),
+            backup_bytes: reg!(IntGauge::new(
+                "cairn_backup_bytes",
+                "Size of the last whole backup of this node, in bytes"
             )?),
             data_dir_available_bytes: reg!(IntGauge::new(
                 "cairn_data_dir_available_bytes",

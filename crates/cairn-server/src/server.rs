@@ -560,6 +560,7 @@ async fn serve_on(
                 source,
             }
         })?;
+        crate::backup::load_last_success(&config.data_dir, &metrics);
         let identity = ClusterIdentity::load(&config.data_dir)?;
         if config
             .data_dir

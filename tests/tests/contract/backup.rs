@@ -285,3 +285,82 @@ async fn a_backup_needs_the_admin_role_and_a_restore_an_empty_directory() {
         "a refused restore creates nothing"
     );
 }
+
+/// The value of a sample in a Prometheus text exposition (0 when absent).
+fn sample(exposition: &str, series: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_whole_backup_shows_in_the_metrics_and_its_time_survives_a_restart() {
+    let server = TestServer::start().await;
+    let before = http_get(server.http_addr, "/metrics").await;
+    assert_eq!(
+        sample(&before, "cairn_backup_last_success_timestamp_seconds"),
+        0.0,
+        "never backed up"
+    );
+    server
+        .create_user("clerk", "clerk-password", &["OPERATIONS"])
+        .await;
+    let backups = tempfile::tempdir().expect("dir");
+    backup(
+        &server,
+        ("clerk", "clerk-password"),
+        backups.path(),
+        "refused",
+    )
+    .await
+    .expect_err("OPERATIONS may not take backups");
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as f64;
+    backup(&server, ADMIN, backups.path(), "b")
+        .await
+        .expect("backup");
+    let manifest = store_backup::read_manifest(&backups.path().join("b")).expect("manifest");
+
+    // The node counts the backup once its stream ends, a moment after the client has it.
+    let mut metrics = String::new();
+    for _ in 0..200 {
+        metrics = http_get(server.http_addr, "/metrics").await;
+        if sample(&metrics, r#"cairn_backups_total{result="succeeded"}"#) > 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        sample(&metrics, r#"cairn_backups_total{result="succeeded"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(&metrics, r#"cairn_backups_total{result="failed"}"#),
+        0.0
+    );
+    let last = sample(&metrics, "cairn_backup_last_success_timestamp_seconds");
+    assert!(
+        last >= started.floor() && last <= started + 60.0,
+        "{last} vs {started}"
+    );
+    assert_eq!(
+        sample(&metrics, "cairn_backup_bytes"),
+        manifest.total_bytes() as f64
+    );
+    assert!(sample(&metrics, "cairn_backup_duration_seconds") > 0.0);
+
+    let restarted = TestServer::start_in(server.stop().await, |_| {}).await;
+    let after = http_get(restarted.http_addr, "/metrics").await;
+    assert_eq!(
+        sample(&after, "cairn_backup_last_success_timestamp_seconds"),
+        last,
+        "a restart keeps the time of the last backup"
+    );
+    assert_eq!(
+        sample(&after, "cairn_backup_bytes"),
+        manifest.total_bytes() as f64
+    );
+}

@@ -110,6 +110,7 @@ pub async fn status(node: &NodeState) -> Result<pb::StatusResponse, Error> {
         boundaries,
         version: crate::event_store::VERSION.to_string(),
         standing: node.raft.standing().as_str().to_string(),
+        cluster_id: node.identity.id().unwrap_or_default(),
     })
 }
 

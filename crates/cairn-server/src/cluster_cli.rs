@@ -274,6 +274,7 @@ pub fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
             .collect::<Vec<_>>(),
         "version": s.version,
         "standing": s.standing,
+        "cluster_id": (!s.cluster_id.is_empty()).then_some(&s.cluster_id),
     })
 }
 
@@ -291,6 +292,9 @@ pub fn status_text(s: &pb::StatusResponse) -> String {
         "node {} ({}), term {}, {leader}, cairn {}",
         s.node_id, s.role, s.term, s.version
     );
+    if !s.cluster_id.is_empty() {
+        let _ = writeln!(out, "cluster {}", s.cluster_id);
+    }
     if !s.standing.is_empty() && s.standing != "voting" {
         let why = match s.standing.as_str() {
             "undecided" => "no raft state: waiting for every initial member to answer",
@@ -382,6 +386,7 @@ mod tests {
             ],
             version: "0.1.0".into(),
             standing: "rejoining".into(),
+            cluster_id: "5b0c1e2d3f4a5b6c7d8e9f0a1b2c3d4e".into(),
         }
     }
 
@@ -408,6 +413,11 @@ mod tests {
         assert_eq!(value["boundaries"][0]["commit_position"], 7);
         assert_eq!(value["boundaries"][1]["idempotent_event_ids"], true);
         assert_eq!(value["standing"], "rejoining");
+        assert_eq!(value["cluster_id"], "5b0c1e2d3f4a5b6c7d8e9f0a1b2c3d4e");
+        assert!(
+            text.contains("\ncluster 5b0c1e2d3f4a5b6c7d8e9f0a1b2c3d4e\n"),
+            "{text}"
+        );
         let mut voting = sample();
         voting.standing = "voting".into();
         assert!(!status_text(&voting).contains("does not vote"));
@@ -415,6 +425,10 @@ mod tests {
         leaderless.leader_id = 0;
         leaderless.leader_address.clear();
         assert!(status_json(&leaderless)["leader_id"].is_null());
+        let mut unformed = sample();
+        unformed.cluster_id.clear();
+        assert!(status_json(&unformed)["cluster_id"].is_null());
+        assert!(!status_text(&unformed).contains("cluster "));
         assert!(status_text(&leaderless).contains("no leader known"));
     }
 }

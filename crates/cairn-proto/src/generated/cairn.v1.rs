@@ -525,6 +525,10 @@ pub struct StatusResponse {
     /// up, and it is a voter again).
     #[prost(string, tag = "13")]
     pub standing: ::prost::alloc::string::String,
+    /// The cluster this node belongs to (docs/backup.md: cluster ids); empty before it has
+    /// formed or joined one, or for a group formed before cluster ids existed.
+    #[prost(string, tag = "14")]
+    pub cluster_id: ::prost::alloc::string::String,
 }
 /// Add a node as a learner (it replicates but does not vote).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

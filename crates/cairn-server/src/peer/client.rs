@@ -24,7 +24,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use tokio::sync::watch;
-use tonic::metadata::MetadataValue;
+use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
@@ -186,18 +186,25 @@ impl PeerClient {
         Ok(channel)
     }
 
-    pub(super) fn request<T>(&self, message: T, timeout: Duration) -> Request<T> {
-        let mut request = Request::new(message);
-        request.set_timeout(timeout);
+    /// What every peer call carries: the cluster secret, and the cluster id once known.
+    pub(super) fn headers(&self) -> MetadataMap {
+        let mut headers = MetadataMap::new();
         if let Some(secret) = &self.secret {
-            request.metadata_mut().insert(SECRET_HEADER, secret.clone());
+            headers.insert(SECRET_HEADER, secret.clone());
         }
         // Ids are hex digits: always a valid header value.
         if let Some(id) = self.identity.as_ref().and_then(ClusterIdentity::id)
             && let Ok(value) = id.parse()
         {
-            request.metadata_mut().insert(CLUSTER_ID_HEADER, value);
+            headers.insert(CLUSTER_ID_HEADER, value);
         }
+        headers
+    }
+
+    pub(super) fn request<T>(&self, message: T, timeout: Duration) -> Request<T> {
+        let mut request =
+            Request::from_parts(self.headers(), tonic::Extensions::default(), message);
+        request.set_timeout(timeout);
         request
     }
 

@@ -21,13 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_core::command::Command;
-use cairn_proto::CLUSTER_SECRET_HEADER as SECRET_HEADER;
 use cairn_proto::cairn_v1 as pb;
 use cairn_proto::cairn_v1::cluster_client::ClusterClient;
 use cairn_raft::codec::{decode, encode};
 use futures::stream::StreamExt;
 use tokio::sync::{mpsc, oneshot};
-use tonic::metadata::{Ascii, MetadataValue};
+use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
@@ -163,12 +162,12 @@ impl ForwardStreams {
         addr: &str,
         command: Vec<u8>,
         client: impl FnOnce() -> Result<ClusterClient<Channel>, Status>,
-        secret: Option<&MetadataValue<Ascii>>,
+        headers: impl FnOnce() -> MetadataMap,
         timeout: Duration,
     ) -> Outcome {
         let (reply, outcome) = oneshot::channel();
         let queue = self
-            .stream_to(addr, client, secret)
+            .stream_to(addr, client, headers)
             .map_err(StreamError::Lost)?;
         let asked = queue.send((Ask::Forward(command), Caller::Forward(reply)));
         answer_within(timeout, asked, outcome).await
@@ -179,12 +178,12 @@ impl ForwardStreams {
         &self,
         addr: &str,
         client: impl FnOnce() -> Result<ClusterClient<Channel>, Status>,
-        secret: Option<&MetadataValue<Ascii>>,
+        headers: impl FnOnce() -> MetadataMap,
         timeout: Duration,
     ) -> Result<ReadIndex, StreamError> {
         let (reply, answer) = oneshot::channel();
         let queue = self
-            .stream_to(addr, client, secret)
+            .stream_to(addr, client, headers)
             .map_err(StreamError::Lost)?;
         let asked = queue.send((Ask::ReadIndex, Caller::ReadIndex(reply)));
         answer_within(timeout, asked, answer).await
@@ -195,7 +194,7 @@ impl ForwardStreams {
         &self,
         addr: &str,
         client: impl FnOnce() -> Result<ClusterClient<Channel>, Status>,
-        secret: Option<&MetadataValue<Ascii>>,
+        headers: impl FnOnce() -> MetadataMap,
     ) -> Result<mpsc::UnboundedSender<Queued>, Status> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, queue)) = open.get(addr)
@@ -214,7 +213,7 @@ impl ForwardStreams {
             unsupported: self.unsupported.clone(),
             message_writes: self.message_writes.clone(),
         };
-        tokio::spawn(stream.run(client, secret.cloned(), waiting));
+        tokio::spawn(stream.run(client, headers(), waiting));
         Ok(queue)
     }
 }
@@ -254,18 +253,19 @@ impl StreamTask {
     async fn run(
         self,
         mut client: ClusterClient<Channel>,
-        secret: Option<MetadataValue<Ascii>>,
+        headers: MetadataMap,
         mut waiting: mpsc::UnboundedReceiver<Queued>,
     ) {
         // Unbounded: what it holds is bounded by the callers waiting, and a bounded send
         // could stall this task while the leader waits for it to read replies.
         let (outgoing, to_send) = mpsc::unbounded_channel::<pb::ForwardStreamRequest>();
-        let mut request = Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(
-            to_send,
-        ));
-        if let Some(secret) = secret {
-            request.metadata_mut().insert(SECRET_HEADER, secret);
-        }
+        // The secret and the cluster id, as on every peer call: a leader of another
+        // cluster (one restored from this one's backup) refuses the stream.
+        let request = Request::from_parts(
+            headers,
+            tonic::Extensions::default(),
+            tokio_stream::wrappers::UnboundedReceiverStream::new(to_send),
+        );
         let opened = tokio::time::timeout(OPEN_TIMEOUT, client.forward_stream(request))
             .await
             .unwrap_or_else(|_| {
@@ -448,7 +448,7 @@ impl PeerClient {
                 addr,
                 bytes,
                 || self.cluster(addr),
-                self.secret.as_ref(),
+                || self.headers(),
                 self.forward_timeout,
             )
         });
@@ -478,7 +478,7 @@ impl PeerClient {
             self.streams.read_index(
                 addr,
                 || self.cluster(addr),
-                self.secret.as_ref(),
+                || self.headers(),
                 CLUSTER_CALL_TIMEOUT,
             )
         });

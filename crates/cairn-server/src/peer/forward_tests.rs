@@ -14,6 +14,7 @@ use cairn_raft::codec::{decode, encode};
 use futures::future::BoxFuture;
 use futures::stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::forward_client::ForwardStreams;
@@ -310,7 +311,7 @@ async fn the_leader_answers_each_command_when_ready_and_a_stopping_leader_ends_t
                     &addr,
                     command,
                     || peers.cluster(&addr),
-                    None,
+                    MetadataMap::new,
                     Duration::from_secs(10),
                 )
                 .await;
@@ -334,7 +335,7 @@ async fn the_leader_answers_each_command_when_ready_and_a_stopping_leader_ends_t
         .read_index(
             &addr,
             || peers.cluster(&addr),
-            None,
+            MetadataMap::new,
             Duration::from_secs(10),
         )
         .await

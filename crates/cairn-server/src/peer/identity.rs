@@ -147,20 +147,36 @@ impl ClusterIdentity {
         Ok(made)
     }
 
+    /// Refuses a message of another cluster than this node's (`presented`; none: from a
+    /// group without an id). A node without an id yet refuses nothing and adopts nothing.
+    fn refuse_foreign(&self, presented: Option<&str>) -> Result<(), Status> {
+        let denied = |why: String| Err(cairn_proto::to_status(Error::PermissionDenied(why)));
+        let Some(mine) = self.id() else {
+            return Ok(());
+        };
+        match presented {
+            Some(theirs) if theirs == mine => Ok(()),
+            Some(theirs) => denied(format!(
+                "this node belongs to cluster {mine}, the message to cluster {theirs}: the two are different groups (one restored from the other's backup, or two groups sharing a secret), and never exchange Raft messages or forwarded writes"
+            )),
+            None => denied(format!(
+                "this node belongs to cluster {mine}, the message names no cluster: it comes from a group formed by an older version, which this one never joins"
+            )),
+        }
+    }
+
+    /// Takes a write or read forwarded by a member of `presented`, or says why not. Unlike
+    /// [`Self::admit`] it never adopts an id: only Raft's own messages make a node a member.
+    pub fn admit_forwarded(&self, presented: Option<&str>) -> Result<(), Status> {
+        self.refuse_foreign(presented)
+    }
+
     /// Takes a Raft message carrying `presented` (none: from a group without an id), or
     /// says why not. A node without an id adopts the one presented.
     pub fn admit(&self, presented: Option<&str>) -> Result<(), Status> {
         let denied = |why: String| Err(cairn_proto::to_status(Error::PermissionDenied(why)));
-        if let Some(mine) = self.id() {
-            return match presented {
-                Some(theirs) if theirs == mine => Ok(()),
-                Some(theirs) => denied(format!(
-                    "this node belongs to cluster {mine}, the message to cluster {theirs}: the two are different groups (one restored from the other's backup, or two groups sharing a secret), and never exchange Raft messages"
-                )),
-                None => denied(format!(
-                    "this node belongs to cluster {mine}, the message names no cluster: it comes from a group formed by an older version, which this one never joins"
-                )),
-            };
+        if self.id().is_some() {
+            return self.refuse_foreign(presented);
         }
         let Some(theirs) = presented else {
             return Ok(());
@@ -211,6 +227,28 @@ mod tests {
         let unnamed = again.admit(None).expect_err("a message without an id");
         assert_eq!(unnamed.code(), tonic::Code::PermissionDenied);
         again.admit(Some(&first)).expect("its own cluster");
+    }
+
+    #[test]
+    fn forwarded_calls_are_refused_from_other_clusters_and_never_adopted() {
+        let dir = tempfile::tempdir().expect("dir");
+        let identity = ClusterIdentity::load(dir.path()).expect("load");
+        let stranger = new_id();
+        identity
+            .admit_forwarded(Some(&stranger))
+            .expect("a node without an id refuses nothing");
+        assert_eq!(identity.id(), None, "a forwarded call never makes a member");
+        let mine = identity.form().expect("form");
+        identity
+            .admit_forwarded(Some(&mine))
+            .expect("its own cluster");
+        for presented in [Some(stranger.as_str()), None] {
+            let refused = identity
+                .admit_forwarded(presented)
+                .expect_err("another cluster, or none");
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+            assert!(refused.message().contains(&mine), "{}", refused.message());
+        }
     }
 
     #[test]

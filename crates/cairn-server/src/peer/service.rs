@@ -429,6 +429,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         request: Request<pb::ForwardRequest>,
     ) -> Result<tonic::Response<pb::ForwardResponse>, Status> {
         let node = node_of(&self.ready)?;
+        node.identity
+            .admit_forwarded(presented_cluster_id(&request).as_deref())?;
         let command: Command = decode(&request.into_inner().command)
             .map_err(|e| Status::invalid_argument(format!("undecodable command: {e}")))?;
         let reply = node.leader.clone().run(command).await;
@@ -444,6 +446,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         request: Request<tonic::Streaming<pb::ForwardStreamRequest>>,
     ) -> Result<tonic::Response<Self::ForwardStreamStream>, Status> {
         let node = node_of(&self.ready)?;
+        node.identity
+            .admit_forwarded(presented_cluster_id(&request).as_deref())?;
         Ok(tonic::Response::new(ForwardedReplies::new(
             node.leader.clone(),
             request.into_inner(),
@@ -453,9 +457,11 @@ impl pb::cluster_server::Cluster for ClusterService {
 
     async fn read_index(
         &self,
-        _request: Request<pb::ReadIndexRequest>,
+        request: Request<pb::ReadIndexRequest>,
     ) -> Result<tonic::Response<pb::ReadIndexResponse>, Status> {
         let node = node_of(&self.ready)?;
+        node.identity
+            .admit_forwarded(presented_cluster_id(&request).as_deref())?;
         let index = node
             .leader
             .clone()

@@ -54,6 +54,8 @@ async fn a_follower_backed_up_under_load_while_the_leader_dies_restores_exactly_
             group,
             "every member took the id of the group it formed"
         );
+        let status = cluster.status(*id).await.expect("status");
+        assert_eq!(status.cluster_id, group, "cluster status names it");
     }
 
     // 8 writers, each through a node of its own, retrying what fails (a dying leader).
@@ -247,6 +249,48 @@ async fn a_follower_backed_up_under_load_while_the_leader_dies_restores_exactly_
         assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
         assert!(refused.message().contains(&new_id), "{}", refused.message());
     }
+    // Nor writes or reads forwarded by the old group: a follower of it that still takes
+    // this address for its leader's would otherwise land its clients' writes here.
+    let mut cluster_api = cluster_pb::cluster_client::ClusterClient::new(
+        tonic::transport::Channel::from_shared(format!("http://{peer_addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    fn from_old_group<T>(message: T, group: &str) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.metadata_mut().insert(
+            cairn_proto::CLUSTER_SECRET_HEADER,
+            SECRET.parse().expect("ascii"),
+        );
+        request
+            .metadata_mut()
+            .insert("x-cairn-cluster-id", group.parse().expect("ascii"));
+        request
+    }
+    let forwarded = cluster_api
+        .forward(from_old_group(
+            cluster_pb::ForwardRequest { command: vec![] },
+            &group,
+        ))
+        .await
+        .expect_err("a write forwarded by the old group");
+    assert_eq!(forwarded.code(), Code::PermissionDenied, "{forwarded:?}");
+    let streamed = cluster_api
+        .forward_stream(from_old_group(
+            tokio_stream::iter(Vec::<cluster_pb::ForwardStreamRequest>::new()),
+            &group,
+        ))
+        .await
+        .expect_err("a forwarding stream from the old group");
+    assert_eq!(streamed.code(), Code::PermissionDenied, "{streamed:?}");
+    let read = cluster_api
+        .read_index(from_old_group(cluster_pb::ReadIndexRequest {}, &group))
+        .await
+        .expect_err("a read index for the old group");
+    assert_eq!(read.code(), Code::PermissionDenied, "{read:?}");
+
     // It still leads its own group: the refused appends changed nothing.
     let mut es =
         cairn_proto::orisun::event_store_client::EventStoreClient::new(node.channel().await);

@@ -84,17 +84,9 @@ fn record_success(data_dir: &Path, metrics: &Metrics, last: &LastBackup) {
     metrics.backups.with_label_values(&["succeeded"]).inc();
     publish(metrics, last);
     let path = data_dir.join(LAST_BACKUP_FILE);
-    let tmp = data_dir.join(format!("{LAST_BACKUP_FILE}.tmp"));
     let written = serde_json::to_vec(last)
-        .map_err(std::io::Error::other)
-        .and_then(|json| {
-            let mut file = File::create(&tmp)?;
-            std::io::Write::write_all(&mut file, &json)?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        })
         .map_err(|e| e.to_string())
-        .and_then(|()| cairn_store::sync_dir(data_dir).map_err(|e| e.to_string()));
+        .and_then(|json| cairn_store::write_file_durably(&path, &json).map_err(|e| e.to_string()));
     if let Err(e) = written {
         tracing::warn!(
             "failed to record the backup in {}: {e}; after a restart cairn_backup_last_success_timestamp_seconds shows the one before",

@@ -600,15 +600,10 @@ async fn restore_into(
     };
     // A download goes into the data directory itself, so its files are moved into place
     // rather than copied: a restore from a bucket needs room for the backup once.
-    let local = match location {
-        Location::Dir(_) => location.local_copy(&args.data_dir, &mut |_| {}).await,
-        Location::Bucket(_) => {
-            location
-                .local_copy(&args.data_dir, &mut download_progress())
-                .await
-        }
-    }
-    .with_context(failed)?;
+    let local = location
+        .local_copy(&args.data_dir, &mut download_progress())
+        .await
+        .with_context(failed)?;
     let db = args.data_dir.join(store_backup::DB_DIR);
     let (from, moving) = match &local {
         LocalCopy::InPlace(dir) => (dir.clone(), false),

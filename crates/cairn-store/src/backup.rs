@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{DB, IteratorMode, Options};
@@ -421,14 +421,7 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, BackupError> {
 /// Writes `manifest` as `dir/manifest.json`, durably and whole (a temporary file renamed),
 /// the last step of taking a backup.
 pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), StoreError> {
-    let tmp = dir.join(format!("{MANIFEST_FILE}.tmp"));
-    let path = dir.join(MANIFEST_FILE);
-    let mut f = File::create(&tmp).map_err(io(format!("failed to create {}", tmp.display())))?;
-    f.write_all(manifest.to_json().as_bytes())
-        .and_then(|_| f.sync_all())
-        .map_err(io(format!("failed to write {}", tmp.display())))?;
-    fs::rename(&tmp, &path).map_err(io(format!("failed to rename {}", tmp.display())))?;
-    sync_dir(dir)
+    crate::write_file_durably(&dir.join(MANIFEST_FILE), manifest.to_json().as_bytes())
 }
 
 /// Whether `dir` is missing or an empty directory.

@@ -295,6 +295,27 @@ pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
         .map_err(|e| StoreError::io(format!("failed to sync {}", dir.display()), e))
 }
 
+/// Replaces `path` with `bytes` so that a power loss leaves the old content or the new,
+/// never a torn file: written beside it, synced, renamed over it, the directory synced.
+pub fn write_file_durably(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp_name);
+    let io = |what: &str, at: &Path| {
+        let message = format!("failed to {what} {}", at.display());
+        move |e| StoreError::io(message, e)
+    };
+    let mut file = File::create(&tmp).map_err(io("create", &tmp))?;
+    std::io::Write::write_all(&mut file, bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(io("write", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(io("rename", &tmp))?;
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
+        _ => sync_dir(Path::new(".")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -32,7 +32,9 @@ use rocksdb::{
 };
 
 pub use catalog::{Catalog, Lease};
-pub use checkpoint::{pack_dir, packed_size, sync_dir, unpack_dir, unpack_from, unpack_into};
+pub use checkpoint::{
+    pack_dir, packed_size, sync_dir, unpack_dir, unpack_from, unpack_into, write_file_durably,
+};
 pub use planned::{PlannedRun, Speculation};
 pub use read::{Direction, PageLimit, ReadStart, event_bytes};
 

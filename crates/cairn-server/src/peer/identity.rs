@@ -15,7 +15,6 @@
 //! A group formed by an older version has no id and sends none; its members accept each
 //! other as before.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -48,6 +47,9 @@ pub enum IdentityError {
         /// What it holds.
         found: String,
     },
+    /// The id could not be written durably.
+    #[error("failed to keep the cluster id: {0}")]
+    Keep(cairn_store::StoreError),
     /// A restore target already belongs to a cluster.
     #[error("{0} already holds a cluster id")]
     Exists(String),
@@ -76,18 +78,7 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 
 /// Writes `id` as `path`, durably (a temporary file renamed, the directory synced).
 fn write_id(path: &Path, id: &str) -> Result<(), IdentityError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
-    f.write_all(format!("{id}\n").as_bytes())
-        .and_then(|_| f.sync_all())
-        .map_err(io("write", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io("rename", &tmp))?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("sync", dir))?;
-    }
-    Ok(())
+    cairn_store::write_file_durably(path, format!("{id}\n").as_bytes()).map_err(IdentityError::Keep)
 }
 
 fn new_id() -> String {

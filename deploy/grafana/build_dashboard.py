@@ -325,6 +325,30 @@ line(
         targets=[(f"sum by (instance, result) (increase(cairn_backups_total{{{SEL}}}[1d]))", "{{instance}} {{result}}")],
     ),
 )
+line(
+    dict(
+        title="Archive lag",
+        description="Age of the oldest committed log entry not yet in the archive (--archive-to), as the archiving leader sees it (0 on the other members). CairnArchiveLagging fires above 5 minutes.",
+        targets=[(f"cairn_archive_lag_seconds{{{SEL}}}", "{{instance}}")],
+        unit="s",
+    ),
+    dict(
+        title="Archive segments",
+        description="Segments uploaded per node in the last hour, by result (failed: the node logs why), and gaps: entries no member still had when their turn came (restores into a gap are refused; take a base backup).",
+        targets=[
+            (f"sum by (instance, result) (increase(cairn_archive_segments_total{{{SEL}}}[1h]))", "{{instance}} {{result}}"),
+            (f"sum by (instance) (increase(cairn_archive_gaps_total{{{SEL}}}[1h]))", "gaps {{instance}}"),
+        ],
+    ),
+    dict(
+        title="Archived index",
+        description="Highest Raft log index the archive holds, as each node knows it, beside the index it has applied.",
+        targets=[
+            (f"cairn_archive_index{{{SEL}}}", "archived {{instance}}"),
+            (f"cairn_raft_applied_index{{{SEL}}}", "applied {{instance}}"),
+        ],
+    ),
+)
 
 row("TLS")
 line(

@@ -100,6 +100,8 @@ pub struct NodeOptions {
     pub observer: Arc<dyn RaftObserver>,
     /// Batch entries the proposer keeps in flight (≥ 1).
     pub max_inflight_batches: usize,
+    /// Keep log entries on disk until the archive holds them ([`LogStore::hold_for_archive`]).
+    pub archive_hold: bool,
 }
 
 impl std::fmt::Debug for NodeOptions {
@@ -194,6 +196,10 @@ impl RaftNode {
         let heads = HeadWatch::default();
         let log_store = LogStore::new(store.db().clone())
             .map_err(|e| RaftError::Fatal(format!("failed to start the raft log syncer: {e}")))?;
+        if opts.archive_hold {
+            log_store.hold_for_archive();
+        }
+        let log = log_store.clone();
         let sm = StateMachine::new(
             store.clone(),
             opts.data_dir.join("snapshots"),
@@ -247,6 +253,7 @@ impl RaftNode {
             proposer,
             standing,
             opts.data_dir.clone(),
+            log,
         ))
     }
 }

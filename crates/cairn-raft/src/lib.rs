@@ -8,6 +8,7 @@
 // helpers return it unboxed so `?` flows into the trait methods without conversions.
 #![allow(clippy::result_large_err)]
 
+pub mod archive;
 mod bootstrap;
 pub mod coalesce;
 pub mod codec;

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -109,6 +110,17 @@ impl Unread {
     }
 }
 
+/// What the log archive still needs. openraft purges the log behind its snapshots; while a
+/// node archives (or may take over archiving), entries the archive does not hold yet stay on
+/// disk past openraft's purge, which only moves the purge marker: openraft never reads
+/// below it, the archiver does.
+struct ArchiveHold {
+    /// Entries below this may be deleted (`u64::MAX`: no archive, delete as openraft says).
+    archived_next: AtomicU64,
+    /// openraft's purge marker + 1: entries below it are purged as far as openraft knows.
+    purged_next: AtomicU64,
+}
+
 /// The Raft log store. Cheap to clone: clones share the database, the syncer and the
 /// unread entries.
 #[derive(Clone)]
@@ -116,6 +128,7 @@ pub struct LogStore {
     db: Arc<DB>,
     syncer: Arc<Syncer>,
     unread: Arc<Mutex<Unread>>,
+    hold: Arc<ArchiveHold>,
     /// A replication stream's reader ([`RaftLogStorage::get_log_reader`]): it reads
     /// unapplied entries without taking them from the apply reader.
     peeks: bool,
@@ -218,15 +231,106 @@ impl LogStore {
         let thread = std::thread::Builder::new()
             .name("cairn-log-sync".to_string())
             .spawn(move || run_syncer(thread_db, pending))?;
-        Ok(LogStore {
+        let mut store = LogStore {
             db,
             syncer: Arc::new(Syncer {
                 pending: Some(sender),
                 thread: Some(thread),
             }),
             unread: Arc::default(),
+            hold: Arc::new(ArchiveHold {
+                archived_next: AtomicU64::new(u64::MAX),
+                purged_next: AtomicU64::new(0),
+            }),
             peeks: false,
-        })
+        };
+        let purged: Option<LogId<u64>> = store
+            .meta_get(KEY_LAST_PURGED)
+            .map_err(|e| std::io::Error::other(format!("failed to read the purge marker: {e}")))?;
+        store.hold = Arc::new(ArchiveHold {
+            archived_next: AtomicU64::new(u64::MAX),
+            purged_next: AtomicU64::new(purged.map_or(0, |id| id.index + 1)),
+        });
+        Ok(store)
+    }
+
+    /// Keeps every entry on disk until [`LogStore::archived`] says the archive holds it,
+    /// whatever openraft purges. Call before the node starts.
+    pub fn hold_for_archive(&self) {
+        self.hold.archived_next.store(0, Ordering::SeqCst);
+    }
+
+    /// The archive holds every entry up to `through`: deletes those openraft has purged.
+    pub fn archived(&self, through: u64) -> Result<(), StorageError> {
+        let next = through.saturating_add(1);
+        let previous = self.hold.archived_next.fetch_max(next, Ordering::SeqCst);
+        if previous == u64::MAX || previous >= next {
+            return Ok(());
+        }
+        let end = next.min(self.hold.purged_next.load(Ordering::SeqCst));
+        if end == 0 {
+            return Ok(());
+        }
+        let cf = self
+            .db
+            .cf_handle(CF_RAFT_LOG)
+            .ok_or_else(|| write_err(missing_cf(CF_RAFT_LOG)))?;
+        self.db
+            .delete_range_cf(cf, index_key(0), index_key(end))
+            .map_err(|e| write_err(&e))
+    }
+
+    /// The first index this node's log holds on disk (purged or not), if any.
+    pub fn first_index_on_disk(&self) -> Result<Option<u64>, StorageError> {
+        let cf = self
+            .db
+            .cf_handle(CF_RAFT_LOG)
+            .ok_or_else(|| read_err(missing_cf(CF_RAFT_LOG)))?;
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek_to_first();
+        match it.key() {
+            Some(k) => Ok(Some(u64::from_be_bytes(k.try_into().map_err(|_| {
+                read_err(AnyError::error("raft_log key is not 8 bytes"))
+            })?))),
+            None => {
+                it.status().map_err(|e| read_err(&e))?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Entries `from..=through` as stored (for the archive), consecutive from `from`, up
+    /// to about `max_bytes`; fewer (maybe none) where the log on disk has none. Blocking.
+    pub fn stored_entries(
+        &self,
+        from: u64,
+        through: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+        let cf = self
+            .db
+            .cf_handle(CF_RAFT_LOG)
+            .ok_or_else(|| read_err(missing_cf(CF_RAFT_LOG)))?;
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek(index_key(from));
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut expected = from;
+        while let Some((k, v)) = it.item() {
+            let index = u64::from_be_bytes(
+                k.try_into()
+                    .map_err(|_| read_err(AnyError::error("raft_log key is not 8 bytes")))?,
+            );
+            if index > through || index != expected || (bytes >= max_bytes && !out.is_empty()) {
+                break;
+            }
+            bytes += v.len();
+            out.push((index, v.to_vec()));
+            expected += 1;
+            it.next();
+        }
+        it.status().map_err(|e| read_err(&e))?;
+        Ok(out)
     }
 
     fn unread(&self) -> std::sync::MutexGuard<'_, Unread> {
@@ -344,6 +448,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 return Ok(entries);
             }
         }
+        // Entries held for the archive lie below openraft's purge marker: not its to read.
+        let start = if self.hold.archived_next.load(Ordering::SeqCst) == u64::MAX {
+            start
+        } else {
+            start.max(self.hold.purged_next.load(Ordering::SeqCst))
+        };
         let this = self.clone();
         blocking(move || this.read_range(start, end)).await
     }
@@ -474,16 +584,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .ok_or_else(|| write_err(missing_cf(CF_RAFT_META)))?;
             let mut batch = WriteBatch::default();
             // The purge marker and the deletion land together, so the log state is never
-            // "purged up to X" with entries ≤ X still present, or vice versa.
+            // "purged up to X" with entries ≤ X still present, or vice versa — but for
+            // entries held for the archive, which nothing but the archiver reads.
             batch.put_cf(
                 meta_cf,
                 KEY_LAST_PURGED,
                 encode(&log_id).map_err(|e| write_err(&e))?,
             );
-            batch.delete_range_cf(log_cf, index_key(0), index_key(log_id.index + 1));
+            let archived_next = this.hold.archived_next.load(Ordering::SeqCst);
+            batch.delete_range_cf(
+                log_cf,
+                index_key(0),
+                index_key((log_id.index + 1).min(archived_next)),
+            );
             this.db
                 .write_opt(batch, &LogStore::synced())
-                .map_err(|e| write_err(&e))
+                .map_err(|e| write_err(&e))?;
+            this.hold
+                .purged_next
+                .fetch_max(log_id.index + 1, Ordering::SeqCst);
+            Ok(())
         })
         .await
     }

@@ -14,6 +14,7 @@ use openraft::{BasicNode, ChangeMembers, ServerState};
 
 use crate::coalesce::Coalescer;
 use crate::heads::HeadWatch;
+use crate::log_store::LogStore;
 use crate::proposer::Proposer;
 use crate::standing::{self, RejoinProgress, Standing};
 use crate::{Raft, RaftError};
@@ -112,6 +113,8 @@ pub struct RaftNode {
     /// While this node does not vote: the one candidate an operator let it vote for (0:
     /// none), see [`RaftNode::allow_vote_for`].
     allowed_candidate: Arc<AtomicU64>,
+    /// The log, for the archiver (openraft owns another handle to it).
+    log: LogStore,
 }
 
 impl std::fmt::Debug for RaftNode {
@@ -130,6 +133,8 @@ fn member(id: u64, node: Option<&BasicNode>) -> Option<Member> {
 }
 
 impl RaftNode {
+    // Called once, by `RaftNode::start`, with the parts it has just opened.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         raft: Raft,
         store: Store,
@@ -138,6 +143,7 @@ impl RaftNode {
         proposer: Proposer,
         standing: Standing,
         data_dir: PathBuf,
+        log: LogStore,
     ) -> Self {
         let current_leader = Arc::new(AtomicU64::new(0));
         // Server metrics change with leadership and membership only, not per entry.
@@ -178,6 +184,7 @@ impl RaftNode {
             standing: Arc::new(tokio::sync::watch::Sender::new(standing)),
             data_dir,
             allowed_candidate: Arc::new(AtomicU64::new(0)),
+            log,
         };
         node.raft
             .runtime_config()
@@ -610,7 +617,21 @@ impl RaftNode {
             .map_err(membership_error)
     }
 
-    /// The state machine store (reads).
+    /// The Raft log (the archiver reads committed entries from it).
+    pub fn log_store(&self) -> &LogStore {
+        &self.log
+    }
+
+    /// The last log index this node has applied (hence committed).
+    pub fn applied_index(&self) -> u64 {
+        self.raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |id| id.index)
+    }
+
+    /// The state machine's store.
     pub fn store(&self) -> &Store {
         &self.store
     }

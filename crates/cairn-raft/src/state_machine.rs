@@ -35,16 +35,16 @@ const RETIRED_PREFIX: &str = "retired-";
 
 /// What the store records as "applied" with every write, atomically with its effects.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct AppliedMarker {
+pub(crate) struct AppliedMarker {
     /// Last entry whose every effect is stored.
-    last_applied: Option<LogId<u64>>,
+    pub(crate) last_applied: Option<LogId<u64>>,
     /// Membership as of `last_applied`.
     membership: StoredMembership<u64, BasicNode>,
     /// A batch entry partly applied: its id and how many of its commands are stored. Each
     /// command of a batch is written separately (later ones must see earlier ones), so a
     /// crash can fall between two of them; re-applying the entry then skips those done.
     #[serde(default)]
-    in_progress: Option<(LogId<u64>, usize)>,
+    pub(crate) in_progress: Option<(LogId<u64>, usize)>,
     /// The name of the state (see [`state_token`]); `None` in markers written before
     /// states were named.
     state: Option<u128>,
@@ -92,20 +92,20 @@ impl AppliedMarker {
     /// stale plans, blank and membership entries) names it after its log id. Both depend
     /// on the log alone, so replicas agree, and so does a marker written before names
     /// existed: no plan had ever held then.
-    fn state_token(&self) -> u128 {
+    pub(crate) fn state_token(&self) -> u128 {
         self.state
             .unwrap_or_else(|| unplanned_state(self.last_applied))
     }
 
     /// Records that entry `log_id` was applied whole, reaching the state named `state`.
-    fn applied(&mut self, log_id: LogId<u64>, state: u128) {
+    pub(crate) fn applied(&mut self, log_id: LogId<u64>, state: u128) {
         self.last_applied = Some(log_id);
         self.in_progress = None;
         self.state = Some(state);
     }
 
     /// Records that entry `log_id` was applied other than by a held plan.
-    fn applied_unplanned(&mut self, log_id: LogId<u64>) {
+    pub(crate) fn applied_unplanned(&mut self, log_id: LogId<u64>) {
         self.applied(log_id, unplanned_state(Some(log_id)));
     }
 }
@@ -123,6 +123,34 @@ pub(crate) fn applied_state_token(store: &Store) -> Result<u128, StoreError> {
         }
         None => Ok(AppliedMarker::default().state_token()),
     }
+}
+
+/// The applied marker `store` holds (the empty state's when it holds none).
+pub(crate) fn marker_of(store: &Store) -> Result<AppliedMarker, StoreError> {
+    match store.applied_marker() {
+        Some(bytes) => decode_marker(&bytes).map_err(|e| StoreError::Corrupt {
+            cf: "sm_meta",
+            detail: format!("applied marker: {e}"),
+        }),
+        None => Ok(AppliedMarker::default()),
+    }
+}
+
+/// Applies `entries` whole as the state machine does, outside openraft (a replay of
+/// archived entries), moving `marker` on.
+pub(crate) fn apply_entries_whole(
+    store: &Store,
+    entries: Vec<Entry<TypeConfig>>,
+    marker: &mut AppliedMarker,
+) -> Result<(), crate::archive::ArchiveError> {
+    let index = entries.first().map_or(0, |e| e.log_id.index);
+    let (_, moved, _) = applied_entries(store, entries, marker.clone(), &crate::NoObserver)
+        .map_err(|e| crate::archive::ArchiveError::Apply {
+            index,
+            detail: e.to_string(),
+        })?;
+    *marker = moved;
+    Ok(())
 }
 
 /// How far the log had been applied in a state machine whose applied marker is `marker`
@@ -1131,6 +1159,104 @@ mod tests {
             applied_entries(&store, vec![late], marker, &crate::NoObserver).expect("apply");
         assert!(outcomes[0].is_err(), "{outcomes:?}");
         assert_eq!(events(&store, "a"), ["e0", "e1"]);
+    }
+
+    /// A replay to a position inside a planned entry keeps the writes planned before the
+    /// cut, to any boundary, and none from the first write past the position on.
+    #[test]
+    fn a_replay_cuts_a_planned_entry_between_writes_and_never_inside_one() {
+        use crate::archive::{ArchiveError, Target, replay};
+        use cairn_core::Position;
+        let id = |i| LogId::new(openraft::CommittedLeaderId::new(1, 1), i);
+        let entry = |i, command: Command| Entry::<TypeConfig> {
+            log_id: id(i),
+            payload: EntryPayload::Normal(command.into()),
+        };
+        let fresh = || {
+            let dir = tempfile::tempdir().expect("dir");
+            let store = Store::open(dir.path().join("db"), &cairn_store::StoreOptions::default())
+                .expect("open");
+            let mut marker = marker_of(&store).expect("marker");
+            apply_entries_whole(
+                &store,
+                vec![entry(1, create("a")), entry(2, create("b"))],
+                &mut marker,
+            )
+            .expect("apply");
+            (dir, store, marker)
+        };
+        let (_plan_dir, planning, marker) = fresh();
+        // Planned together: a 0..=1 (2:1), b 0 (1:0), a 2..=4 (5:4), a 5 (6:5).
+        let commands = [
+            append("a", 2),
+            append("b", 1),
+            append("a", 3),
+            append("a", 1),
+        ];
+        let appends: Vec<&Append> = commands
+            .iter()
+            .map(|c| match c {
+                Command::Append(a) => a,
+                _ => unreachable!(),
+            })
+            .collect();
+        let run = planning
+            .plan_appends(&appends, &[])
+            .expect("plan")
+            .expect("plannable");
+        let planned = entry(
+            3,
+            Command::Planned(PlannedAppends {
+                base: marker.state_token(),
+                token: 77,
+                heads: run.heads,
+                rows: cairn_core::command::Bytes(run.rows),
+            }),
+        );
+        let bytes = crate::codec::encode_entry(&planned).expect("encode");
+        let heads = |store: &Store| {
+            store.with_catalog(|c| {
+                let head = |n: &str| c.active_boundary(n).map(|b| c.head(b.id));
+                (head("a"), head("b"))
+            })
+        };
+        let target = |commit, prepare| Target {
+            boundary: "a".into(),
+            position: Position::new(commit, prepare),
+        };
+        for ((commit, prepare), expected) in [
+            ((2, 1), (Some(2), Some(1))),
+            ((5, 4), (Some(5), Some(1))),
+            ((6, 5), (Some(6), Some(1))),
+        ] {
+            let (_dir, store, _) = fresh();
+            let replayed = replay(
+                &store,
+                vec![Ok((3, bytes.clone()))],
+                Some(&target(commit, prepare)),
+            )
+            .expect("replay");
+            assert_eq!(replayed.last_event, Some(Position::new(commit, prepare)));
+            assert_eq!(heads(&store), expected, "cut at {commit}:{prepare}");
+            let events = events(&store, "a");
+            assert_eq!(
+                events.len() as i64,
+                commit,
+                "a's events up to {commit}:{prepare}"
+            );
+        }
+        let (_dir, store, _) = fresh();
+        let split = replay(&store, vec![Ok((3, bytes.clone()))], Some(&target(5, 3)));
+        assert!(
+            matches!(split, Err(ArchiveError::SplitsWrite { .. })),
+            "{split:?}"
+        );
+        let (_dir, store, _) = fresh();
+        let beyond = replay(&store, vec![Ok((3, bytes))], Some(&target(9, 8)));
+        assert!(
+            matches!(beyond, Err(ArchiveError::NotArchived { .. })),
+            "{beyond:?}"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 use crate::backup_target::{BackupWriter, FileWriter, LocalCopy, Location, S3Args, Transfer};
 use crate::client_cli::ClientPortArgs;
 use crate::peer::ClusterIdentity;
+use cairn_raft::archive::{Replayed, Segment, Target, parse_segment_name};
 
 /// Flags of `cairn backup`.
 #[derive(Debug, clap::Args)]
@@ -105,11 +106,74 @@ pub struct RestoreArgs {
     /// --data-dir` as a new one-node cluster.
     #[arg(long, env = "CAIRN_DATA_DIR")]
     pub data_dir: PathBuf,
+    /// Replay the archive after the backup up to this position of --boundary:
+    /// `COMMIT:PREPARE` restores every event at or before it and none after (a write is
+    /// kept or dropped whole); `end` replays all the archive holds. With a --from that
+    /// holds backups rather than being one, the newest backup before the position is used.
+    #[arg(long, env = "CAIRN_RESTORE_TO_POSITION", requires = "archive_from")]
+    pub to_position: Option<String>,
+    /// The boundary whose position --to-position is.
+    #[arg(long, env = "CAIRN_RESTORE_BOUNDARY")]
+    pub boundary: Option<String>,
+    /// The archive to replay: the --archive-to of the cluster the backup came from (a
+    /// directory or s3://BUCKET/PREFIX).
+    #[arg(long, env = "CAIRN_RESTORE_ARCHIVE_FROM", requires = "to_position")]
+    pub archive_from: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub s3: S3Args,
+}
+
+/// How far `cairn restore` replays the archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RestorePoint {
+    /// The backup as it is.
+    Backup,
+    /// Everything the archive holds.
+    End,
+    /// Up to a position.
+    Position(Target),
+}
+
+impl RestorePoint {
+    fn of(args: &RestoreArgs) -> anyhow::Result<RestorePoint> {
+        match args.to_position.as_deref() {
+            None => {
+                if args.boundary.is_some() {
+                    bail!("--boundary goes with --to-position");
+                }
+                Ok(RestorePoint::Backup)
+            }
+            Some("end") => Ok(RestorePoint::End),
+            Some(text) => {
+                let position = cairn_core::position::parse_write_id(text).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--to-position {text:?}: give COMMIT:PREPARE (e.g. 1200:1199, as positions are written) or end"
+                    )
+                })?;
+                let boundary = args.boundary.clone().context(
+                    "--to-position COMMIT:PREPARE needs --boundary: positions are counted per boundary",
+                )?;
+                Ok(RestorePoint::Position(Target { boundary, position }))
+            }
+        }
+    }
+
+    /// Whether a backup can be the base of this point: it holds no event after it.
+    fn admits(&self, manifest: &Manifest) -> bool {
+        match self {
+            RestorePoint::Position(target) => manifest
+                .boundaries
+                .iter()
+                .find(|b| b.name == target.boundary)
+                .is_none_or(|b| {
+                    cairn_core::Position::new(b.last_commit, b.last_prepare) <= target.position
+                }),
+            _ => true,
+        }
+    }
 }
 
 /// `YYYYMMDDTHHMMSSZ` of a Unix time (UTC), for backup names that sort by time.
@@ -547,25 +611,30 @@ async fn delete(from: &str, as_json: bool, s3: &S3Args) -> anyhow::Result<()> {
 
 /// Runs `cairn restore`.
 pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
-    let location = Location::parse(&args.from, &args.s3).context("--from")?;
+    let point = RestorePoint::of(&args)?;
+    let given = Location::parse(&args.from, &args.s3).context("--from")?;
     if !store_backup::is_empty_dir(&args.data_dir)? {
         bail!(
             "--data-dir {} is not empty: restore only into a new or empty directory (nothing was changed)",
             args.data_dir.display()
         );
     }
+    let location = base_backup(given, &point).await?;
     let created = !args.data_dir.exists();
-    let restored = restore_into(&location, &args).await;
+    let restored = restore_into(&location, &args, &point).await;
     if restored.is_err() && created {
         // A refused or failed restore leaves no directory behind, not even a download.
         let _ = fs::remove_dir_all(&args.data_dir);
     }
-    let (manifest, cluster_id) = restored?;
+    let (manifest, cluster_id, replayed) = restored?;
     let name = location.name();
     if args.json {
         let mut out = summary_json(&name, &manifest);
         out["data_dir"] = json!(args.data_dir.display().to_string());
         out["new_cluster_id"] = json!(cluster_id);
+        if let Some(replayed) = &replayed {
+            out["replayed"] = replayed_json(replayed);
+        }
         println!("{out}");
     } else {
         print_summary(
@@ -576,6 +645,22 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             ),
             &manifest,
         );
+        if let Some(replayed) = &replayed {
+            println!(
+                "replayed:     {} archived entries after the backup, through log index {}",
+                replayed.entries, replayed.last_index
+            );
+            if let (RestorePoint::Position(target), Some(last)) = (&point, replayed.last_event) {
+                println!(
+                    "position:     boundary {} ends at {}:{} (asked: up to {}:{})",
+                    target.boundary,
+                    last.commit,
+                    last.prepare,
+                    target.position.commit,
+                    target.position.prepare
+                );
+            }
+        }
         println!(
             "cluster id:   {cluster_id} (new: members of the cluster the backup came from are never let in)"
         );
@@ -587,10 +672,148 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn replayed_json(replayed: &Replayed) -> serde_json::Value {
+    json!({
+        "entries": replayed.entries,
+        "last_index": replayed.last_index,
+        "last_event": replayed.last_event.map(|p| format!("{}:{}", p.commit, p.prepare)),
+    })
+}
+
+/// The backup to restore: `given` itself if it is one; otherwise, to replay the archive
+/// to a point, the newest complete backup below it that holds nothing after the point.
+async fn base_backup(given: Location, point: &RestorePoint) -> anyhow::Result<Location> {
+    if *point == RestorePoint::Backup || given.get_whole(MANIFEST_FILE).await?.is_some() {
+        return Ok(given);
+    }
+    let backups = given.backups().await?;
+    let chosen = backups
+        .into_iter()
+        .filter_map(|(name, manifest)| manifest.ok().map(|m| (name, m)))
+        .filter(|(_, manifest)| point.admits(manifest))
+        .max_by_key(|(_, manifest)| (manifest.applied.index, manifest.created_unix_seconds));
+    match chosen {
+        Some((name, _)) => {
+            eprintln!(
+                "base backup:  {} (the newest before the position)",
+                given.join(&name).display()
+            );
+            Ok(given.join(&name))
+        }
+        None => bail!(
+            "{} holds no complete backup before the position: nothing to replay the archive onto",
+            given.display()
+        ),
+    }
+}
+
+/// Segments in flight between the download and the replay.
+const REPLAY_QUEUE: usize = 4096;
+
+/// Replays the archive of the backup's cluster onto the restored store in `db`.
+async fn replay_archive(
+    manifest: &Manifest,
+    db: PathBuf,
+    archive_from: &str,
+    s3: &S3Args,
+    target: Option<Target>,
+) -> anyhow::Result<Replayed> {
+    let root = Location::parse(archive_from, s3).context("--archive-from")?;
+    let archive = crate::archive::cluster_archive(&root, manifest.cluster_id.as_deref());
+    let wanted_id = manifest
+        .cluster_id
+        .clone()
+        .unwrap_or_else(|| crate::archive::UNNAMED_CLUSTER.to_string());
+    let from = manifest
+        .applied
+        .partial_entry
+        .map_or(manifest.applied.index + 1, |(i, _)| i);
+    let mut segments: Vec<(u64, u64, String)> = archive
+        .names_below(crate::archive::SEGMENTS_DIR)
+        .await?
+        .into_iter()
+        .filter_map(|name| parse_segment_name(&name).map(|(a, b)| (a, b, name)))
+        .filter(|(_, last, _)| *last >= from)
+        .collect();
+    segments.sort();
+    if segments.is_empty() {
+        bail!(
+            "{} holds no archived entries after the backup's log index {}: is --archive-from the cluster's --archive-to?",
+            archive.display(),
+            manifest.applied.index
+        );
+    }
+    let total = segments.len();
+    let (tx, rx) = std::sync::mpsc::sync_channel(REPLAY_QUEUE);
+    let download = {
+        let archive = archive.clone();
+        tokio::spawn(async move {
+            let terminal = std::io::stderr().is_terminal();
+            for (done, (_, _, name)) in segments.into_iter().enumerate() {
+                if terminal {
+                    eprint!("\rreplaying archive segment {} of {total}   ", done + 1);
+                    let _ = std::io::stderr().flush();
+                }
+                let rel = format!("{}/{name}", crate::archive::SEGMENTS_DIR);
+                let fetched = match archive.get_whole(&rel).await {
+                    Ok(Some(bytes)) => Segment::decode(&name, &bytes).and_then(|segment| {
+                        if segment.cluster_id == wanted_id {
+                            Ok(segment)
+                        } else {
+                            Err(cairn_raft::archive::ArchiveError::Damaged {
+                                name: name.clone(),
+                                detail: format!(
+                                    "it belongs to cluster {}, the backup to {wanted_id}",
+                                    segment.cluster_id
+                                ),
+                            })
+                        }
+                    }),
+                    Ok(None) => Err(cairn_raft::archive::ArchiveError::Damaged {
+                        name: name.clone(),
+                        detail: "it went missing while the restore read the archive".into(),
+                    }),
+                    Err(e) => Err(cairn_raft::archive::ArchiveError::Damaged {
+                        name: name.clone(),
+                        detail: format!("{e:#}"),
+                    }),
+                };
+                match fetched {
+                    Ok(segment) => {
+                        for entry in segment.entries {
+                            if tx.send(Ok(entry)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                }
+            }
+            if terminal {
+                eprintln!();
+            }
+        })
+    };
+    let replayed = blocking(move || {
+        let store = cairn_store::Store::open(&db, &cairn_store::StoreOptions::default())?;
+        let replayed = cairn_raft::archive::replay(&store, rx, target.as_ref())?;
+        // The restored state belongs to no log from here on (see store_backup::restore).
+        store.forget_log_position()?;
+        Ok(replayed)
+    })
+    .await;
+    download.abort();
+    replayed.with_context(|| format!("failed to replay {}", archive.display()))
+}
+
 async fn restore_into(
     location: &Location,
     args: &RestoreArgs,
-) -> anyhow::Result<(Manifest, String)> {
+    point: &RestorePoint,
+) -> anyhow::Result<(Manifest, String, Option<Replayed>)> {
     let failed = || {
         format!(
             "failed to restore {} into {}",
@@ -610,28 +833,44 @@ async fn restore_into(
         LocalCopy::Downloaded(dir) => (dir.path().to_path_buf(), true),
     };
     // Verified before anything is created: a refused backup leaves no directory behind.
+    let restore_db = db.clone();
+    let replaying = *point != RestorePoint::Backup;
     let manifest = blocking(move || {
-        if moving {
-            store_backup::restore_by_moving(&from, &db)
+        if replaying {
+            store_backup::restore_for_replay(&from, &restore_db, moving)
+        } else if moving {
+            store_backup::restore_by_moving(&from, &restore_db)
         } else {
-            store_backup::restore(&from, &db)
+            store_backup::restore(&from, &restore_db)
         }
         .map_err(anyhow::Error::from)
     })
     .await
     .with_context(failed)?;
     drop(local);
+    let replayed = match (point, &args.archive_from) {
+        (RestorePoint::Backup, _) | (_, None) => None,
+        (RestorePoint::End, Some(archive)) => {
+            Some(replay_archive(&manifest, db, archive, &args.s3, None).await?)
+        }
+        (RestorePoint::Position(target), Some(archive)) => {
+            Some(replay_archive(&manifest, db, archive, &args.s3, Some(target.clone())).await?)
+        }
+    };
     crate::data_dir::prepare(&args.data_dir, false)?;
     let cluster_id = ClusterIdentity::create_new(&args.data_dir)?;
     let marker = args.data_dir.join(crate::backup::RESTORED_MARKER);
     let mut record = summary_json(&location.name(), &manifest);
     record["from"] = json!(location.display());
     record["new_cluster_id"] = json!(cluster_id);
+    if let Some(replayed) = &replayed {
+        record["replayed"] = replayed_json(replayed);
+    }
     fs::write(&marker, format!("{record}\n"))
         .and_then(|_| File::open(&marker)?.sync_all())
         .and_then(|_| File::open(&args.data_dir)?.sync_all())
         .with_context(|| format!("failed to write {}", marker.display()))?;
-    Ok((manifest, cluster_id))
+    Ok((manifest, cluster_id, replayed))
 }
 
 /// Runs a `cairn backup` subcommand and prints its result.

@@ -193,6 +193,100 @@ impl Location {
         }
     }
 
+    /// Writes one whole object (a file) at `rel` below this location: readers see all of
+    /// it or nothing (a directory's file is written to a temporary name, synced and
+    /// renamed; an object is one PUT).
+    pub async fn put_whole(&self, rel: &str, bytes: Vec<u8>) -> anyhow::Result<()> {
+        match self {
+            Location::Dir(dir) => {
+                let path = dir.join(rel);
+                tokio::task::spawn_blocking(move || {
+                    if let Some(parent) = path.parent() {
+                        fs::create_dir_all(parent)
+                            .with_context(|| format!("failed to create {}", parent.display()))?;
+                    }
+                    cairn_store::write_file_durably(&path, &bytes)
+                        .with_context(|| format!("failed to write {}", path.display()))
+                })
+                .await
+                .context("the write task failed")?
+            }
+            Location::Bucket(bucket) => {
+                let key = bucket.key(rel);
+                bucket
+                    .store
+                    .put(&key, PutPayload::from(Bytes::from(bytes)))
+                    .await
+                    .with_context(|| format!("failed to upload {}/{rel}", bucket.url()))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The object (file) at `rel` below this location; `None` if there is none.
+    pub async fn get_whole(&self, rel: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        match self {
+            Location::Dir(dir) => match fs::read(dir.join(rel)) {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => {
+                    Err(e).with_context(|| format!("failed to read {}", dir.join(rel).display()))
+                }
+            },
+            Location::Bucket(bucket) => match bucket.store.get(&bucket.key(rel)).await {
+                Ok(got) => Ok(Some(
+                    got.bytes()
+                        .await
+                        .with_context(|| format!("failed to download {}/{rel}", bucket.url()))?
+                        .to_vec(),
+                )),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => {
+                    Err(e).with_context(|| format!("failed to download {}/{rel}", bucket.url()))
+                }
+            },
+        }
+    }
+
+    /// The names of the objects (files) directly below `rel`, sorted; none if it is missing.
+    pub async fn names_below(&self, rel: &str) -> anyhow::Result<Vec<String>> {
+        let mut names = Vec::new();
+        match self {
+            Location::Dir(dir) => {
+                let dir = dir.join(rel);
+                let entries = match fs::read_dir(&dir) {
+                    Ok(entries) => entries,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("failed to list {}", dir.display()));
+                    }
+                };
+                for entry in entries {
+                    let entry =
+                        entry.with_context(|| format!("failed to list {}", dir.display()))?;
+                    if entry.file_type().is_ok_and(|t| t.is_file()) {
+                        names.push(entry.file_name().to_string_lossy().into_owned());
+                    }
+                }
+            }
+            Location::Bucket(bucket) => {
+                let prefix = bucket.key(rel);
+                let listing = bucket
+                    .store
+                    .list_with_delimiter(Some(&prefix))
+                    .await
+                    .with_context(|| format!("failed to list {}/{rel}", bucket.url()))?;
+                for object in listing.objects {
+                    if let Some(name) = object.location.filename() {
+                        names.push(name.to_string());
+                    }
+                }
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     /// The backups below this location by name, sorted, each with its manifest or why it
     /// is not complete.
     pub async fn backups(&self) -> anyhow::Result<Vec<(String, Result<Manifest, String>)>> {

@@ -80,6 +80,14 @@ pub mod defaults {
     pub const MAX_SUBSCRIPTIONS: usize = 4096;
     /// Bytes of writes a node holds at once (requests waiting for Raft or the leader).
     pub const MAX_WRITE_BYTES_IN_FLIGHT: usize = 512 * 1024 * 1024;
+    /// How often the archiving leader ships a segment of new committed entries: the
+    /// longest an acknowledged write waits for the archive (plus the upload).
+    pub const ARCHIVE_INTERVAL_SECS: u64 = 5;
+    /// Largest archive segment, MiB (a backlog goes up in several).
+    pub const ARCHIVE_SEGMENT_MIB: u64 = 16;
+    /// Log entries a node keeps for an archive that does not take them (unreachable,
+    /// refusing) before it lets them go and the archive gets a gap.
+    pub const ARCHIVE_MAX_HELD_ENTRIES: u64 = 1_000_000;
 }
 
 /// Smallest accepted `--cluster-secret` length.
@@ -398,6 +406,34 @@ pub struct ServeArgs {
     #[arg(long, env = "CAIRN_ALLOW_INSECURE_PERMISSIONS")]
     pub allow_insecure_permissions: bool,
 
+    /// Archive every committed log entry to this directory or s3://BUCKET/PREFIX, for
+    /// restores to a position (`cairn restore --to-position`). Give it to every member: the
+    /// leader ships segments, the others keep their log until it is archived, so a new
+    /// leader takes over where the old one stopped.
+    #[arg(long, env = "CAIRN_ARCHIVE_TO")]
+    pub archive_to: Option<String>,
+
+    /// Seconds between archive segments: the longest a committed write waits to be
+    /// archived, plus the upload (the recovery point objective of a lost cluster).
+    #[arg(long, env = "CAIRN_ARCHIVE_INTERVAL_SECS", default_value_t = defaults::ARCHIVE_INTERVAL_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub archive_interval_secs: u64,
+
+    /// Largest archive segment in MiB (1 to 1024); a backlog goes up in several.
+    #[arg(long, env = "CAIRN_ARCHIVE_SEGMENT_MIB", default_value_t = defaults::ARCHIVE_SEGMENT_MIB,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub archive_segment_mib: u64,
+
+    /// Log entries kept for an archive that does not take them before they are let go
+    /// (the archive then has a gap until the next base backup). Disk: up to this many
+    /// entries of the Raft log.
+    #[arg(long, env = "CAIRN_ARCHIVE_MAX_HELD_ENTRIES", default_value_t = defaults::ARCHIVE_MAX_HELD_ENTRIES,
+          value_parser = clap::value_parser!(u64).range(1000..))]
+    pub archive_max_held_entries: u64,
+
+    #[command(flatten)]
+    pub s3: crate::backup_target::S3Args,
+
     /// Log format.
     #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -408,9 +444,24 @@ pub struct ServeArgs {
     pub log: String,
 }
 
+/// Continuous archiving (`--archive-to`).
+#[derive(Debug, Clone)]
+pub struct ArchiveConfig {
+    /// Where segments go (below `<cluster id>/`).
+    pub to: crate::backup_target::Location,
+    /// Time between segments.
+    pub interval: Duration,
+    /// Largest segment, bytes.
+    pub segment_bytes: usize,
+    /// Entries held for the archive at most.
+    pub max_held_entries: u64,
+}
+
 /// Validated serve configuration.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// Continuous archiving, if on.
+    pub archive: Option<ArchiveConfig>,
     /// Data directory.
     pub data_dir: PathBuf,
     /// gRPC address.
@@ -784,7 +835,19 @@ impl ServeArgs {
                 return Err(ConfigError("--tls-cert and --tls-key go together".into()));
             }
         };
+        let archive = match &self.archive_to {
+            Some(to) => Some(ArchiveConfig {
+                to: crate::backup_target::Location::parse(to, &self.s3)
+                    .map_err(|e| ConfigError(format!("--archive-to: {e:#}")))?,
+                interval: Duration::from_secs(self.archive_interval_secs),
+                segment_bytes: usize::try_from(self.archive_segment_mib * 1024 * 1024)
+                    .unwrap_or(usize::MAX),
+                max_held_entries: self.archive_max_held_entries,
+            }),
+            None => None,
+        };
         Ok(ServeConfig {
+            archive,
             data_dir: self.data_dir,
             listen: self.listen,
             http_listen: self.http_listen,
@@ -1010,6 +1073,7 @@ impl ServeConfig {
     /// A configuration for tests and embedding: loopback, ephemeral ports.
     pub fn for_test(data_dir: PathBuf) -> ServeConfig {
         ServeConfig {
+            archive: None,
             data_dir,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),

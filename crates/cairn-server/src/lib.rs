@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod archive;
 pub mod auth;
 pub mod backup;
 pub mod backup_cli;

@@ -79,6 +79,17 @@ pub struct Metrics {
     pub backup_duration: Gauge,
     /// How many bytes that backup held.
     pub backup_bytes: IntGauge,
+    /// Age of the oldest committed entry the archive does not hold yet (the leader's
+    /// view; 0 elsewhere and when archiving is off).
+    pub archive_lag: Gauge,
+    /// Highest log index the archive holds, as this node knows.
+    pub archive_index: IntGauge,
+    /// Archive segments this node uploaded, by result.
+    pub archive_segments: IntCounterVec,
+    /// Bytes of segments this node uploaded.
+    pub archive_bytes: IntCounter,
+    /// Times the archive got a gap: entries no member still had when it was their turn.
+    pub archive_gaps: IntCounter,
     /// Bytes available to the node on the data directory's filesystem.
     pub data_dir_available_bytes: IntGauge,
     /// Size of the data directory's filesystem.
@@ -325,6 +336,29 @@ impl Metrics {
             backup_bytes: reg!(IntGauge::new(
                 "cairn_backup_bytes",
                 "Size of the last whole backup of this node, in bytes"
+            )?),
+            archive_lag: reg!(Gauge::new(
+                "cairn_archive_lag_seconds",
+                "Age of the oldest committed log entry not yet in the archive, in seconds (exported by the archiving leader; 0 on other members and when everything is archived)"
+            )?),
+            archive_index: reg!(IntGauge::new(
+                "cairn_archive_index",
+                "Highest Raft log index the archive holds, as this node knows it"
+            )?),
+            archive_segments: reg!(IntCounterVec::new(
+                Opts::new(
+                    "cairn_archive_segments_total",
+                    "Archive segments this node uploaded, by result (succeeded, failed)"
+                ),
+                &["result"]
+            )?),
+            archive_bytes: reg!(IntCounter::new(
+                "cairn_archive_bytes_total",
+                "Bytes of archive segments this node uploaded"
+            )?),
+            archive_gaps: reg!(IntCounter::new(
+                "cairn_archive_gaps_total",
+                "Gaps in the archive: committed entries no longer on this node when it was to archive them (restores to positions in a gap are refused; take a base backup)"
             )?),
             data_dir_available_bytes: reg!(IntGauge::new(
                 "cairn_data_dir_available_bytes",

@@ -102,6 +102,9 @@ pub enum ServerError {
     Task(#[from] tokio::task::JoinError),
 }
 
+/// How long a stopping leader may take to archive its last entries.
+const ARCHIVE_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// A running node.
 pub struct RunningServer {
     /// Bound gRPC address.
@@ -121,6 +124,8 @@ pub struct RunningServer {
     http_task: JoinHandle<()>,
     metrics_task: JoinHandle<()>,
     bootstrap_task: JoinHandle<()>,
+    /// The archiver and what stops it (`--archive-to`).
+    archive: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
 impl std::fmt::Debug for RunningServer {
@@ -608,6 +613,7 @@ async fn serve_on(
             lock_wait: config.lock_wait,
             observer: metrics.clone(),
             max_inflight_batches: config.max_inflight_batches,
+            archive_hold: config.archive.is_some(),
         })
         .await?;
         if alone {
@@ -697,6 +703,11 @@ async fn serve_on(
         }
     };
     let metrics_task = spawn_raft_metrics(node.clone());
+    let archive = config.archive.clone().map(|archive| {
+        let stop = CancellationToken::new();
+        let task = crate::archive::spawn(node.clone(), archive, stop.clone());
+        (stop, task)
+    });
     // Ends when the node shuts down.
     crate::subscription::spawn_renewals(node.clone());
     // The slot is set exactly once, here.
@@ -726,6 +737,7 @@ async fn serve_on(
         http_task,
         metrics_task,
         bootstrap_task,
+        archive,
     })
 }
 
@@ -769,6 +781,20 @@ impl RunningServer {
         }
         self.http_stop.cancel();
         self.http_task.await?;
+        if let Some((stop, mut task)) = self.archive {
+            // The writes just drained are committed: ship them while this node leads.
+            stop.cancel();
+            if tokio::time::timeout(ARCHIVE_SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "the archive did not take the last entries within {}s; the next leader ships them",
+                    ARCHIVE_SHUTDOWN_GRACE.as_secs()
+                );
+                task.abort();
+            }
+        }
         self.metrics_task.abort();
         self.bootstrap_task.abort();
         if let Some(formation) = self.formation_task {

@@ -444,17 +444,34 @@ pub fn is_empty_dir(dir: &Path) -> Result<bool, StoreError> {
 /// belong to the old cluster). Every file and directory is synced before it returns.
 /// Verifies the backup first; nothing is written if that fails.
 pub fn restore(backup: &Path, db_dir: &Path) -> Result<Manifest, BackupError> {
-    restore_files(backup, db_dir, false)
+    restore_files(backup, db_dir, false, true)
+}
+
+/// [`restore`] (moving the files when `moving`, see [`restore_by_moving`]) for a replay
+/// of archived log entries: the state machine keeps its applied marker, which the replay
+/// goes on from (and needs: planned entries hold only on the state they were made on).
+/// Call [`Store::forget_log_position`] once the replay is done.
+pub fn restore_for_replay(
+    backup: &Path,
+    db_dir: &Path,
+    moving: bool,
+) -> Result<Manifest, BackupError> {
+    restore_files(backup, db_dir, moving, false)
 }
 
 /// [`restore`] from a copy of a backup that is no longer needed (a download), on the same
 /// file system as `db_dir`: its files are renamed into place instead of copied, so the
 /// restore needs room for the backup once, not twice.
 pub fn restore_by_moving(backup: &Path, db_dir: &Path) -> Result<Manifest, BackupError> {
-    restore_files(backup, db_dir, true)
+    restore_files(backup, db_dir, true, true)
 }
 
-fn restore_files(backup: &Path, db_dir: &Path, moving: bool) -> Result<Manifest, BackupError> {
+fn restore_files(
+    backup: &Path,
+    db_dir: &Path,
+    moving: bool,
+    forget: bool,
+) -> Result<Manifest, BackupError> {
     if !is_empty_dir(db_dir)? {
         return Err(BackupError::TargetNotEmpty(db_dir.to_path_buf()));
     }
@@ -492,15 +509,17 @@ fn restore_files(backup: &Path, db_dir: &Path, moving: bool) -> Result<Manifest,
     if let Some(parent) = db_dir.parent() {
         sync_dir(parent)?;
     }
-    let store = Store::open(db_dir, &crate::StoreOptions::default())?;
-    store.forget_log_position()?;
+    if forget {
+        let store = Store::open(db_dir, &crate::StoreOptions::default())?;
+        store.forget_log_position()?;
+    }
     Ok(manifest)
 }
 
 impl Store {
     /// Removes the applied marker and every subscription lease, durably: the state
     /// machine then belongs to no log (see [`restore`]).
-    fn forget_log_position(&self) -> Result<(), StoreError> {
+    pub fn forget_log_position(&self) -> Result<(), StoreError> {
         let _writer = self.lock_writer();
         let db = &self.inner.db;
         let cf = self.cf(CF_SM_META)?;

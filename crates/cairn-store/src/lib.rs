@@ -35,7 +35,7 @@ pub use catalog::{Catalog, Lease};
 pub use checkpoint::{
     pack_dir, packed_size, sync_dir, unpack_dir, unpack_from, unpack_into, write_file_durably,
 };
-pub use planned::{PlannedRun, Speculation};
+pub use planned::{PlannedRun, RowCut, Speculation};
 pub use read::{Direction, PageLimit, ReadStart, event_bytes};
 
 /// Raft log entries, by index (written by cairn-raft).

@@ -19,7 +19,7 @@ use cairn_core::command::{Append, Outcome};
 use rocksdb::{ColumnFamily, WriteBatch};
 
 use crate::apply::{Pending, TagRow};
-use crate::keys::{MAX_VARINT_BYTES, meta, split_varint, varint};
+use crate::keys::{self, MAX_VARINT_BYTES, meta, split_varint, varint};
 use crate::{CF_EVENT_IDS, CF_EVENTS, CF_SM_META, CF_TAGS, CF_WRITES, Store, StoreError};
 
 /// The column families a planned append writes to.
@@ -246,6 +246,138 @@ impl Store {
             c.boundaries
                 .values()
                 .filter(|b| heads.iter().any(|(bid, _)| *bid == b.id))
+                .map(|b| b.name.clone())
+                .collect()
+        }))
+    }
+}
+
+/// Where a point-in-time restore stops inside a planned entry: boundary `bid` keeps its
+/// events before prepare position `limit` and none from there on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowCut {
+    /// The boundary the restore position names.
+    pub bid: u32,
+    /// The first prepare position not restored.
+    pub limit: u64,
+}
+
+impl Store {
+    /// The writes a plan's `rows` make to boundary `bid`, in the plan's order: each one's
+    /// first prepare position and its commit position.
+    pub fn planned_writes(&self, rows: &[u8], bid: u32) -> Result<Vec<(u64, u64)>, StoreError> {
+        let mut writes: Vec<(u64, u64)> = Vec::new();
+        let mut failed = None;
+        decode_rows(rows, |cf, key, value| {
+            if cf != RowCf::Events || key.get(..4) != Some(&bid.to_be_bytes()[..]) {
+                return;
+            }
+            match (
+                keys::prepare_of_event_key(key),
+                keys::commit_of_event_value(value),
+            ) {
+                (Ok(prepare), Ok(commit)) => {
+                    if writes.last().is_none_or(|(_, c)| *c != commit) {
+                        writes.push((prepare, commit));
+                    }
+                }
+                (Err(e), _) | (_, Err(e)) => failed = Some(e),
+            }
+        })?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(writes),
+        }
+    }
+
+    /// Writes the part of a plan's `rows` that precedes `cut`, with `marker`: every row of
+    /// the writes planned before boundary `cut.bid`'s first event at or after `cut.limit`
+    /// (in the plan's order, whichever boundary they went to), none of that write's or of
+    /// any write planned after it. Each row belongs to one write (a posting-list row holds
+    /// the events of one write), which is what makes a plan divisible between writes.
+    /// Returns the names of the boundaries that got events. For restores only: the rows
+    /// written are a prefix of the plan, not the state any replica ever had.
+    pub fn apply_rows_cut(
+        &self,
+        rows: &[u8],
+        cut: RowCut,
+        marker: &[u8],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut all: Vec<(RowCf, Vec<u8>, Vec<u8>)> = Vec::new();
+        decode_rows(rows, |cf, key, value| {
+            all.push((cf, key.to_vec(), value.to_vec()))
+        })?;
+        let event_of = |key: &[u8]| -> Result<(u32, u64), StoreError> {
+            let bid = key
+                .get(..4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_be_bytes)
+                .ok_or_else(|| StoreError::corrupt("planned rows", "short events key"))?;
+            Ok((bid, keys::prepare_of_event_key(key)?))
+        };
+        let mut cut_at = all.len();
+        for (i, (cf, key, _)) in all.iter().enumerate() {
+            if *cf == RowCf::Events {
+                let (bid, prepare) = event_of(key)?;
+                if bid == cut.bid && prepare >= cut.limit {
+                    cut_at = i;
+                    break;
+                }
+            }
+        }
+        let mut events = std::collections::HashSet::new();
+        let mut writes = std::collections::HashSet::new();
+        let mut heads: std::collections::BTreeMap<u32, u64> = Default::default();
+        for (cf, key, value) in &all[..cut_at] {
+            if *cf == RowCf::Events {
+                let (bid, prepare) = event_of(key)?;
+                events.insert((bid, prepare));
+                writes.insert((bid, keys::commit_of_event_value(value)?));
+                let head = heads.entry(bid).or_default();
+                *head = (*head).max(prepare + 1);
+            }
+        }
+        let _writer = self.lock_writer();
+        let mut batch = WriteBatch::default();
+        let cfs = self.row_cfs()?;
+        let mut members = Vec::new();
+        for (cf, key, value) in &all {
+            let bid_be = || {
+                key.get(..4)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_be_bytes)
+                    .ok_or_else(|| StoreError::corrupt("planned rows", "short key"))
+            };
+            let keep = match cf {
+                RowCf::Events => events.contains(&event_of(key)?),
+                RowCf::Writes => writes.contains(&(bid_be()?, keys::prepare_of_event_key(key)?)),
+                RowCf::EventIds => {
+                    events.contains(&(bid_be()?, keys::decode_event_id_value(value)?))
+                }
+                RowCf::Tags => {
+                    let (bid, _) = split_varint(key)
+                        .ok_or_else(|| StoreError::corrupt("planned rows", "tags key"))?;
+                    let bid = u32::try_from(bid)
+                        .map_err(|_| StoreError::corrupt("planned rows", "tags key"))?;
+                    let first = keys::prepare_suffix(key)?;
+                    let commit = keys::decode_row(first, value, &mut members)?;
+                    writes.contains(&(bid, commit))
+                }
+            };
+            if keep {
+                batch.put_cf(cfs[*cf as usize], key, value);
+            }
+        }
+        batch.put_cf(self.cf(CF_SM_META)?, meta::APPLIED, marker);
+        self.write(batch)?;
+        Ok(self.with_catalog_mut(|c| {
+            c.applied_marker = Some(marker.to_vec());
+            for (bid, head) in &heads {
+                c.heads.insert(*bid, *head);
+            }
+            c.boundaries
+                .values()
+                .filter(|b| heads.contains_key(&b.id))
                 .map(|b| b.name.clone())
                 .collect()
         }))

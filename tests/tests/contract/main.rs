@@ -3,6 +3,7 @@
 //! module is named after the rule group it covers; each test names the rule (A1, C2, …) it
 //! proves.
 
+mod archive;
 mod auth;
 mod backup;
 mod bad_input;

@@ -17,7 +17,7 @@
 //! the cut, to whichever boundary, and none after.
 
 use cairn_core::Position;
-use cairn_core::command::{Append, Command};
+use cairn_core::command::{Append, Command, PlannedAppends};
 use cairn_store::{RowCut, Store, StoreError};
 use openraft::{Entry, EntryPayload, LogId};
 use sha2::{Digest, Sha256};
@@ -235,9 +235,9 @@ fn pos(p: Position) -> String {
     format!("{}:{}", p.commit, p.prepare)
 }
 
-/// A write of `target.boundary` from `head` (its next prepare) to `new_head`: `None` if
-/// every event is at or before the target, `Some(())` if every event is after it, and an
-/// error if the target lies inside it.
+/// Whether a write of `target.boundary` from `head` (its next prepare) to `new_head` lies
+/// after the target: `false` if every event is at or before it, `true` if every event is
+/// after it, an error if the target lies inside it.
 fn crosses(target: &Target, head: u64, new_head: u64) -> Result<bool, ArchiveError> {
     let (first, last) = (
         Position::new(new_head as i64, head as i64),
@@ -274,8 +274,7 @@ fn last_event(store: &Store, target: &Target) -> Option<Position> {
 }
 
 /// Replays archived `entries` (in index order, overlaps allowed) onto `store`, a restored
-/// backup, up to `target` (everything when `None`); `archived_through` is the archive's last
-/// index, for the message when it ends too early.
+/// backup, up to `target` (everything when `None`).
 pub fn replay(
     store: &Store,
     entries: impl IntoIterator<Item = Result<(u64, Vec<u8>), ArchiveError>>,
@@ -368,34 +367,13 @@ fn apply_up_to(
     };
     match proposal.command() {
         Command::Planned(plan) if marker.state_token() == plan.base => {
-            let Some((bid, _)) = target_head(store, target) else {
-                apply_entries_whole(store, vec![entry], marker)?;
-                return Ok(false);
-            };
-            let Some(&(_, new_head)) = plan.heads.iter().find(|(b, _)| *b == bid) else {
-                apply_entries_whole(store, vec![entry], marker)?;
-                return Ok(false);
-            };
-            if Position::new(new_head as i64, new_head as i64 - 1) <= target.position {
-                apply_entries_whole(store, vec![entry], marker)?;
-                return Ok(false);
-            }
-            // The writes of the plan to the target boundary, in order: find the first one
-            // after the target, and check none is split.
-            let mut limit = None;
-            for (first, commit) in store.planned_writes(&plan.rows.0, bid)? {
-                if crosses(target, first, commit)? {
-                    limit = Some(first);
-                    break;
-                }
-            }
-            let Some(limit) = limit else {
+            let Some(cut) = planned_cut(store, plan, target)? else {
                 apply_entries_whole(store, vec![entry], marker)?;
                 return Ok(false);
             };
             marker.applied(log_id, plan.token);
             let bytes = crate::codec::encode(&*marker).map_err(|e| apply_failed(log_id, e))?;
-            store.apply_rows_cut(&plan.rows.0, RowCut { bid, limit }, &bytes)?;
+            store.apply_rows_cut(&plan.rows.0, cut, &bytes)?;
             Ok(true)
         }
         Command::Batch(commands) => apply_commands_up_to(store, log_id, commands, marker, target),
@@ -411,6 +389,32 @@ fn apply_up_to(
             Ok(false)
         }
     }
+}
+
+/// Where a plan that holds must be cut for `target`: before the first of its writes to the
+/// target boundary that lies after the target (`None`: the whole plan is restored).
+fn planned_cut(
+    store: &Store,
+    plan: &PlannedAppends,
+    target: &Target,
+) -> Result<Option<RowCut>, ArchiveError> {
+    let Some((bid, _)) = target_head(store, target) else {
+        return Ok(None);
+    };
+    // The plan's heads say where the boundary ends: rows are decoded only for a plan that
+    // reaches past the target.
+    let reaches_past = plan.heads.iter().any(|&(b, new_head)| {
+        b == bid && Position::new(new_head as i64, new_head as i64 - 1) > target.position
+    });
+    if !reaches_past {
+        return Ok(None);
+    }
+    for (first, commit) in store.planned_writes(&plan.rows.0, bid)? {
+        if crosses(target, first, commit)? {
+            return Ok(Some(RowCut { bid, limit: first }));
+        }
+    }
+    Ok(None)
 }
 
 fn apply_failed(log_id: LogId<u64>, e: impl std::fmt::Display) -> ArchiveError {

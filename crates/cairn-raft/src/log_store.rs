@@ -200,6 +200,13 @@ fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
+/// The log index a `raft_log` key names.
+fn index_of(key: &[u8]) -> Result<u64, StorageError> {
+    key.try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| read_err(AnyError::error("raft_log key is not 8 bytes")))
+}
+
 fn read_err(e: impl Into<AnyError>) -> StorageError {
     StorageIOError::read_logs(e).into()
 }
@@ -231,7 +238,7 @@ impl LogStore {
         let thread = std::thread::Builder::new()
             .name("cairn-log-sync".to_string())
             .spawn(move || run_syncer(thread_db, pending))?;
-        let mut store = LogStore {
+        let store = LogStore {
             db,
             syncer: Arc::new(Syncer {
                 pending: Some(sender),
@@ -247,10 +254,10 @@ impl LogStore {
         let purged: Option<LogId<u64>> = store
             .meta_get(KEY_LAST_PURGED)
             .map_err(|e| std::io::Error::other(format!("failed to read the purge marker: {e}")))?;
-        store.hold = Arc::new(ArchiveHold {
-            archived_next: AtomicU64::new(u64::MAX),
-            purged_next: AtomicU64::new(purged.map_or(0, |id| id.index + 1)),
-        });
+        store
+            .hold
+            .purged_next
+            .store(purged.map_or(0, |id| id.index + 1), Ordering::SeqCst);
         Ok(store)
     }
 
@@ -289,9 +296,7 @@ impl LogStore {
         let mut it = self.db.raw_iterator_cf(cf);
         it.seek_to_first();
         match it.key() {
-            Some(k) => Ok(Some(u64::from_be_bytes(k.try_into().map_err(|_| {
-                read_err(AnyError::error("raft_log key is not 8 bytes"))
-            })?))),
+            Some(k) => index_of(k).map(Some),
             None => {
                 it.status().map_err(|e| read_err(&e))?;
                 Ok(None)
@@ -317,10 +322,7 @@ impl LogStore {
         let mut bytes = 0;
         let mut expected = from;
         while let Some((k, v)) = it.item() {
-            let index = u64::from_be_bytes(
-                k.try_into()
-                    .map_err(|_| read_err(AnyError::error("raft_log key is not 8 bytes")))?,
-            );
+            let index = index_of(k)?;
             if index > through || index != expected || (bytes >= max_bytes && !out.is_empty()) {
                 break;
             }
@@ -407,10 +409,7 @@ impl LogStore {
         it.seek(index_key(start));
         let mut out = Vec::new();
         while let Some((k, v)) = it.item() {
-            let index = u64::from_be_bytes(
-                k.try_into()
-                    .map_err(|_| read_err(AnyError::error("raft_log key is not 8 bytes")))?,
-            );
+            let index = index_of(k)?;
             if end.is_some_and(|end| index >= end) {
                 break;
             }

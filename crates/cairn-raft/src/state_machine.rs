@@ -112,28 +112,23 @@ impl AppliedMarker {
 
 /// The name of the state `store` has applied (see [`AppliedMarker::state_token`]).
 pub(crate) fn applied_state_token(store: &Store) -> Result<u128, StoreError> {
-    match store.applied_marker() {
-        Some(bytes) => {
-            decode_marker(&bytes)
-                .map(|m| m.state_token())
-                .map_err(|e| StoreError::Corrupt {
-                    cf: "sm_meta",
-                    detail: format!("applied marker: {e}"),
-                })
-        }
-        None => Ok(AppliedMarker::default().state_token()),
-    }
+    marker_of(store).map(|m| m.state_token())
 }
 
 /// The applied marker `store` holds (the empty state's when it holds none).
 pub(crate) fn marker_of(store: &Store) -> Result<AppliedMarker, StoreError> {
-    match store.applied_marker() {
-        Some(bytes) => decode_marker(&bytes).map_err(|e| StoreError::Corrupt {
-            cf: "sm_meta",
-            detail: format!("applied marker: {e}"),
-        }),
-        None => Ok(AppliedMarker::default()),
-    }
+    store.applied_marker().map_or_else(
+        || Ok(AppliedMarker::default()),
+        |bytes| stored_marker(&bytes),
+    )
+}
+
+/// Decodes a marker as the store holds it.
+fn stored_marker(bytes: &[u8]) -> Result<AppliedMarker, StoreError> {
+    decode_marker(bytes).map_err(|e| StoreError::Corrupt {
+        cf: "sm_meta",
+        detail: format!("applied marker: {e}"),
+    })
 }
 
 /// Applies `entries` whole as the state machine does, outside openraft (a replay of
@@ -159,13 +154,7 @@ pub(crate) fn apply_entries_whole(
 pub fn applied_position(
     marker: Option<&[u8]>,
 ) -> Result<cairn_store::backup::AppliedPosition, StoreError> {
-    let marker = match marker {
-        Some(bytes) => decode_marker(bytes).map_err(|e| StoreError::Corrupt {
-            cf: "sm_meta",
-            detail: format!("applied marker: {e}"),
-        })?,
-        None => AppliedMarker::default(),
-    };
+    let marker = marker.map_or_else(|| Ok(AppliedMarker::default()), stored_marker)?;
     Ok(cairn_store::backup::AppliedPosition {
         index: marker.last_applied.map_or(0, |id| id.index),
         term: marker.last_applied.map_or(0, |id| id.leader_id.term),
@@ -378,13 +367,7 @@ impl StateMachine {
                     .map_err(|e| StoreError::Task(e.to_string()))?;
             }
         }
-        let marker = match store.applied_marker() {
-            Some(bytes) => decode_marker(&bytes).map_err(|e| StoreError::Corrupt {
-                cf: "sm_meta",
-                detail: format!("applied marker: {e}"),
-            })?,
-            None => AppliedMarker::default(),
-        };
+        let marker = marker_of(&store)?;
         // Anything but the current snapshot is debris from an interrupted build or install.
         snapshots.remove_matching(|_| true);
         Ok(StateMachine {

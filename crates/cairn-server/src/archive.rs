@@ -75,6 +75,7 @@ pub fn spawn(
             config,
             next: None,
             pending_since: None,
+            archived_through: 0,
         };
         let mut tick = tokio::time::interval(archiver.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -101,6 +102,22 @@ struct Archiver {
     next: Option<u64>,
     /// While leading: since when entries have been committed that the archive lacks.
     pending_since: Option<Instant>,
+    /// The highest index the archive holds, as this node knows.
+    archived_through: u64,
+}
+
+/// Runs blocking work on this node's Raft log (RocksDB) off the async workers.
+async fn on_log<T: Send + 'static>(
+    log: &cairn_raft::LogStore,
+    work: impl FnOnce(&cairn_raft::LogStore) -> Result<T, Box<cairn_raft::StorageError>>
+    + Send
+    + 'static,
+) -> anyhow::Result<T> {
+    let log = log.clone();
+    tokio::task::spawn_blocking(move || work(&log))
+        .await
+        .context("the log task failed")?
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 impl Archiver {
@@ -136,37 +153,43 @@ impl Archiver {
     }
 
     /// Not leading: lets the log go behind what the archive holds.
-    async fn follow(&self, archive: &Location) {
+    async fn follow(&mut self, archive: &Location) {
         match read_progress(archive).await {
-            Ok(Some(progress)) => self.archived(progress.archived_through),
+            Ok(Some(progress)) => self.archived(progress.archived_through).await,
             Ok(None) => {}
             Err(e) => tracing::warn!("failed to read the archive's progress: {e:#}"),
         }
-        self.release_excess();
+        if let Err(e) = self.release_excess().await {
+            tracing::warn!("failed to let go of log entries held for the archive: {e:#}");
+        }
     }
 
     /// The archive holds everything up to `through`.
-    fn archived(&self, through: u64) {
+    async fn archived(&mut self, through: u64) {
+        self.archived_through = self.archived_through.max(through);
         self.node
             .metrics
             .archive_index
-            .set(i64::try_from(through).unwrap_or(i64::MAX));
-        if let Err(e) = self.node.raft.log_store().archived(through) {
+            .set(i64::try_from(self.archived_through).unwrap_or(i64::MAX));
+        let released = on_log(self.node.raft.log_store(), move |log| {
+            log.archived(through).map_err(Box::new)
+        })
+        .await;
+        if let Err(e) = released {
             tracing::warn!(
-                "failed to delete log entries up to {through} that the archive holds: {e}"
+                "failed to delete log entries up to {through} that the archive holds: {e:#}"
             );
         }
     }
 
     /// Lets held entries go beyond `--archive-max-held-entries`: the disk must not fill
     /// for an archive that takes nothing.
-    fn release_excess(&self) {
+    async fn release_excess(&self) -> anyhow::Result<()> {
         let applied = self.node.raft.applied_index();
-        let held_from = match self.node.raft.log_store().first_index_on_disk() {
-            Ok(Some(first)) => first,
-            _ => return,
+        let Some(held_from) = self.first_on_disk().await? else {
+            return Ok(());
         };
-        let archived = u64::try_from(self.node.metrics.archive_index.get()).unwrap_or(0);
+        let archived = self.archived_through;
         if applied.saturating_sub(held_from.max(archived)) > self.config.max_held_entries {
             let through = applied - self.config.max_held_entries;
             tracing::error!(
@@ -174,10 +197,12 @@ impl Archiver {
                 applied - archived,
                 self.config.max_held_entries
             );
-            if let Err(e) = self.node.raft.log_store().archived(through) {
-                tracing::warn!("failed to delete log entries up to {through}: {e}");
-            }
+            on_log(self.node.raft.log_store(), move |log| {
+                log.archived(through).map_err(Box::new)
+            })
+            .await?;
         }
+        Ok(())
     }
 
     /// Leading: ships what is committed and not archived, in segments.
@@ -189,7 +214,7 @@ impl Archiver {
                 // leader's), or from this log's first entry for a new archive.
                 let next = match read_progress(archive).await? {
                     Some(progress) => progress.archived_through + 1,
-                    None => self.first_on_disk()?.unwrap_or(1),
+                    None => self.first_on_disk().await?.unwrap_or(1),
                 };
                 tracing::info!(next, "archiving from log index {next}");
                 self.next = Some(next);
@@ -205,16 +230,15 @@ impl Archiver {
         self.pending_since.get_or_insert(round_started);
         let mut next = next;
         while next <= applied {
-            let log = self.node.raft.log_store().clone();
             let segment_bytes = self.config.segment_bytes;
-            let entries = tokio::task::spawn_blocking(move || {
+            let entries = on_log(self.node.raft.log_store(), move |log| {
                 log.stored_entries(next, applied, segment_bytes)
-                    .map_err(|e| anyhow::anyhow!("failed to read log entries from {next}: {e}"))
+                    .map_err(Box::new)
             })
             .await
-            .context("the log read task failed")??;
+            .with_context(|| format!("failed to read log entries from {next}"))?;
             let Some(&(first, _)) = entries.first() else {
-                next = self.skip_gap(next)?;
+                next = self.skip_gap(next).await?;
                 self.next = Some(next);
                 continue;
             };
@@ -248,7 +272,7 @@ impl Archiver {
                 .inc();
             metrics.archive_bytes.inc_by(size);
             tracing::debug!(first, last, size, "archived a segment");
-            self.archived(last);
+            self.archived(last).await;
             next = last + 1;
             self.next = Some(next);
         }
@@ -257,14 +281,18 @@ impl Archiver {
         Ok(())
     }
 
-    fn first_on_disk(&self) -> anyhow::Result<Option<u64>> {
-        Ok(self.node.raft.log_store().first_index_on_disk()?)
+    async fn first_on_disk(&self) -> anyhow::Result<Option<u64>> {
+        on_log(self.node.raft.log_store(), |log| {
+            log.first_index_on_disk().map_err(Box::new)
+        })
+        .await
     }
 
     /// The log no longer has entry `missing`: goes on at the first entry it has.
-    fn skip_gap(&self, missing: u64) -> anyhow::Result<u64> {
+    async fn skip_gap(&self, missing: u64) -> anyhow::Result<u64> {
         let resume = self
-            .first_on_disk()?
+            .first_on_disk()
+            .await?
             .filter(|first| *first > missing)
             .context("the log has no entry to archive next")?;
         self.node.metrics.archive_gaps.inc();

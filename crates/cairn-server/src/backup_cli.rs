@@ -161,6 +161,15 @@ impl RestorePoint {
         }
     }
 
+    /// What to replay the archive to: `None` for no replay, `Some(None)` for all of it.
+    fn replay_target(&self) -> Option<Option<Target>> {
+        match self {
+            RestorePoint::Backup => None,
+            RestorePoint::End => Some(None),
+            RestorePoint::Position(target) => Some(Some(target.clone())),
+        }
+    }
+
     /// Whether a backup can be the base of this point: it holds no event after it.
     fn admits(&self, manifest: &Manifest) -> bool {
         match self {
@@ -834,7 +843,7 @@ async fn restore_into(
     };
     // Verified before anything is created: a refused backup leaves no directory behind.
     let restore_db = db.clone();
-    let replaying = *point != RestorePoint::Backup;
+    let replaying = point.replay_target().is_some();
     let manifest = blocking(move || {
         if replaying {
             store_backup::restore_for_replay(&from, &restore_db, moving)
@@ -848,14 +857,11 @@ async fn restore_into(
     .await
     .with_context(failed)?;
     drop(local);
-    let replayed = match (point, &args.archive_from) {
-        (RestorePoint::Backup, _) | (_, None) => None,
-        (RestorePoint::End, Some(archive)) => {
-            Some(replay_archive(&manifest, db, archive, &args.s3, None).await?)
+    let replayed = match (point.replay_target(), &args.archive_from) {
+        (Some(target), Some(archive)) => {
+            Some(replay_archive(&manifest, db, archive, &args.s3, target).await?)
         }
-        (RestorePoint::Position(target), Some(archive)) => {
-            Some(replay_archive(&manifest, db, archive, &args.s3, Some(target.clone())).await?)
-        }
+        _ => None,
     };
     crate::data_dir::prepare(&args.data_dir, false)?;
     let cluster_id = ClusterIdentity::create_new(&args.data_dir)?;

@@ -105,21 +105,21 @@ impl Bucket {
     }
 
     async fn manifest(&self) -> anyhow::Result<Option<Manifest>> {
-        let key = self.key(MANIFEST_FILE);
-        match self.store.get(&key).await {
-            Ok(got) => {
-                let bytes = got
-                    .bytes()
-                    .await
-                    .with_context(|| format!("failed to read {}/{MANIFEST_FILE}", self.url()))?;
-                let text = String::from_utf8_lossy(&bytes);
-                let source = format!("{}/{MANIFEST_FILE}", self.url());
-                Ok(Some(Manifest::from_json(&text, &source)?))
-            }
+        let Some(bytes) = self.get(MANIFEST_FILE).await? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let source = format!("{}/{MANIFEST_FILE}", self.url());
+        Ok(Some(Manifest::from_json(&text, &source)?))
+    }
+
+    /// The object at `rel` below the prefix; `None` if there is none.
+    async fn get(&self, rel: &str) -> anyhow::Result<Option<Bytes>> {
+        let failed = || format!("failed to read {}/{rel}", self.url());
+        match self.store.get(&self.key(rel)).await {
+            Ok(got) => Ok(Some(got.bytes().await.with_context(failed)?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => {
-                Err(e).with_context(|| format!("failed to read {}/{MANIFEST_FILE}", self.url()))
-            }
+            Err(e) => Err(e).with_context(failed),
         }
     }
 }
@@ -233,18 +233,7 @@ impl Location {
                     Err(e).with_context(|| format!("failed to read {}", dir.join(rel).display()))
                 }
             },
-            Location::Bucket(bucket) => match bucket.store.get(&bucket.key(rel)).await {
-                Ok(got) => Ok(Some(
-                    got.bytes()
-                        .await
-                        .with_context(|| format!("failed to download {}/{rel}", bucket.url()))?
-                        .to_vec(),
-                )),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => {
-                    Err(e).with_context(|| format!("failed to download {}/{rel}", bucket.url()))
-                }
-            },
+            Location::Bucket(bucket) => Ok(bucket.get(rel).await?.map(|b| b.to_vec())),
         }
     }
 

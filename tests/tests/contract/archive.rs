@@ -5,36 +5,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cairn_server::backup_cli::{BackupArgs, RestoreArgs};
 use cairn_server::backup_target::Location;
-use cairn_server::cli::{Cli, Command};
 use cairn_server::config::ArchiveConfig;
 use cairn_tests::orisun as pb;
 use cairn_tests::*;
-use clap::Parser;
 
-fn backup_args(args: &[&str]) -> BackupArgs {
-    let argv = ["cairn", "backup"].iter().chain(args);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Backup(args) => args,
-        other => panic!("not backup: {other:?}"),
-    }
-}
-
-fn restore_args(args: &[&str]) -> RestoreArgs {
-    let argv = ["cairn", "restore"].iter().chain(args);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Restore(args) => args,
-        other => panic!("not restore: {other:?}"),
-    }
-}
-
-fn sample(exposition: &str, series: &str) -> f64 {
-    exposition
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
+use super::backup::{backup_args, restore_args, sample};
 
 /// Writes `writes` writes of 1 to 4 events from four concurrent clients (so that log
 /// entries fold several writes together).

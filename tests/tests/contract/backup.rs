@@ -14,7 +14,7 @@ use cairn_tests::*;
 use clap::Parser;
 use tonic::Code;
 
-fn backup_args(args: &[&str]) -> BackupArgs {
+pub(super) fn backup_args(args: &[&str]) -> BackupArgs {
     let argv = ["cairn", "backup"].iter().chain(args);
     match Cli::try_parse_from(argv).expect("valid flags").command {
         Command::Backup(args) => args,
@@ -22,7 +22,7 @@ fn backup_args(args: &[&str]) -> BackupArgs {
     }
 }
 
-fn restore_args(args: &[&str]) -> RestoreArgs {
+pub(super) fn restore_args(args: &[&str]) -> RestoreArgs {
     let argv = ["cairn", "restore"].iter().chain(args);
     match Cli::try_parse_from(argv).expect("valid flags").command {
         Command::Restore(args) => args,
@@ -287,7 +287,7 @@ async fn a_backup_needs_the_admin_role_and_a_restore_an_empty_directory() {
 }
 
 /// The value of a sample in a Prometheus text exposition (0 when absent).
-fn sample(exposition: &str, series: &str) -> f64 {
+pub(super) fn sample(exposition: &str, series: &str) -> f64 {
     exposition
         .lines()
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())

@@ -4,6 +4,7 @@
 //! unit-tested in isolation and shared verbatim by the state machine, the server and the
 //! tests. The rules referenced as (A1), (C2), … are listed in `docs/rules.md`.
 
+pub mod age;
 pub mod auth;
 pub mod boundary;
 pub mod command;

@@ -51,6 +51,8 @@ pub enum BackupAction {
         name: Option<String>,
         #[command(flatten)]
         s3: S3Args,
+        #[command(flatten)]
+        result: ResultFile,
     },
     /// List the backups below a directory or s3:// prefix, oldest first, with what each
     /// holds; a backup without its manifest is shown as incomplete.
@@ -68,9 +70,19 @@ pub enum BackupAction {
     /// opened read-only holding the events, users and indexes the manifest names. A
     /// backup in a bucket is downloaded first (below --scratch-dir) and removed after.
     Verify {
-        /// The backup (DEST/NAME, as `cairn backup list` shows it).
+        /// The backup (DEST/NAME, as `cairn backup list` shows it); with --newest, the
+        /// location holding backups (DEST).
         #[arg(long, env = "CAIRN_BACKUP_FROM")]
         from: String,
+        /// Verify the newest complete backup below --from.
+        #[arg(long)]
+        newest: bool,
+        /// Once verified, record it in the backup (verified.json beside the manifest):
+        /// `cairn backup prune` lets older backups go only behind a recorded one.
+        #[arg(long)]
+        record: bool,
+        #[command(flatten)]
+        result: ResultFile,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -80,6 +92,32 @@ pub enum BackupAction {
         scratch_dir: Option<PathBuf>,
         #[command(flatten)]
         s3: S3Args,
+    },
+    /// Delete the complete backups below a location that retention no longer keeps, and
+    /// only those older than the newest verified one (`verify --record`): backups are
+    /// never pruned on the strength of a backup nobody has restored. Kept: the newest
+    /// --keep-last, those younger than --keep-within, the newest verified and every
+    /// backup after it. Incomplete backups are left alone (one may be under way).
+    Prune {
+        /// A directory or s3://BUCKET/PREFIX that holds backups.
+        #[arg(long, env = "CAIRN_BACKUP_FROM")]
+        from: String,
+        /// Complete backups to keep, newest first (at least 1).
+        #[arg(long, env = "CAIRN_BACKUP_KEEP_LAST", value_parser = clap::value_parser!(u64).range(1..))]
+        keep_last: u64,
+        /// Also keep every backup younger than this age (90m, 12h, 30d, 2w).
+        #[arg(long, env = "CAIRN_BACKUP_KEEP_WITHIN", value_parser = parse_age_flag)]
+        keep_within: Option<u64>,
+        /// Say what would go, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        s3: S3Args,
+        #[command(flatten)]
+        result: ResultFile,
     },
     /// Delete a backup, complete or not: its manifest first, then its files. Refuses a
     /// location that holds anything else than a backup does.
@@ -95,11 +133,65 @@ pub enum BackupAction {
     },
 }
 
+/// Where a one-shot run leaves its outcome for whoever started it: in a Kubernetes pod,
+/// `/dev/termination-log`, which the pod's status then carries (the operator reads it).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ResultFile {
+    /// Also write the outcome to this file as one JSON object (`{"error": "…"}` on
+    /// failure), at most 4 KiB: e.g. /dev/termination-log in a Kubernetes pod.
+    #[arg(long, env = "CAIRN_RESULT_FILE")]
+    pub result_file: Option<PathBuf>,
+}
+
+/// Kubernetes keeps at most 4096 bytes of a termination message.
+const RESULT_FILE_MAX_BYTES: usize = 4096;
+
+impl ResultFile {
+    /// Writes `outcome` (lists dropped first when it would not fit), reporting a failure to
+    /// write without hiding the outcome itself.
+    fn write(&self, outcome: &anyhow::Result<serde_json::Value>) {
+        let Some(path) = &self.result_file else {
+            return;
+        };
+        let mut value = match outcome {
+            Ok(value) => value.clone(),
+            Err(e) => json!({ "error": format!("{e:#}") }),
+        };
+        let mut text = value.to_string();
+        if text.len() > RESULT_FILE_MAX_BYTES {
+            if let Some(object) = value.as_object_mut() {
+                object.retain(|_, v| !v.is_array() && !v.is_object());
+                object.insert("truncated".into(), json!(true));
+                if let Some(serde_json::Value::String(error)) = object.get_mut("error") {
+                    let mut cut = RESULT_FILE_MAX_BYTES / 2;
+                    while !error.is_char_boundary(cut.min(error.len())) {
+                        cut -= 1;
+                    }
+                    error.truncate(cut);
+                }
+            }
+            text = value.to_string();
+        }
+        if let Err(e) = fs::write(path, text) {
+            eprintln!(
+                "warning: failed to write the outcome to {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+fn parse_age_flag(text: &str) -> Result<u64, String> {
+    cairn_core::age::parse_age(text)
+}
+
 /// Flags of `cairn restore`.
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
     /// The backup (DEST/NAME, as `cairn backup list` shows it): a directory or
-    /// s3://BUCKET/PREFIX/NAME. One in a bucket is downloaded into --data-dir first.
+    /// s3://BUCKET/PREFIX/NAME; or a location holding backups (DEST), whose newest complete
+    /// backup (before --to-position) is used. One in a bucket is downloaded into
+    /// --data-dir first.
     #[arg(long, env = "CAIRN_RESTORE_FROM")]
     pub from: String,
     /// Data directory to create (missing or empty), then served by `cairn serve
@@ -469,7 +561,7 @@ async fn create(
     to: String,
     name: Option<String>,
     s3: S3Args,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<serde_json::Value> {
     let root = Location::parse(&to, &s3).context("--to")?;
     let name = name.unwrap_or_else(|| format!("cairn-{}", utc_stamp(now_unix())));
     if !valid_name(&name) {
@@ -501,10 +593,10 @@ async fn create(
     let manifest = receive(stream, &writer, &client)
         .await
         .with_context(incomplete)?;
+    let mut out = summary_json(&name, &manifest);
+    out["path"] = json!(location.display());
+    out["seconds"] = json!(started.elapsed().as_secs_f64());
     if client.json {
-        let mut out = summary_json(&name, &manifest);
-        out["path"] = json!(location.display());
-        out["seconds"] = json!(started.elapsed().as_secs_f64());
         println!("{out}");
     } else {
         print_summary(
@@ -516,7 +608,7 @@ async fn create(
             &manifest,
         );
     }
-    Ok(())
+    Ok(out)
 }
 
 async fn list(from: &str, as_json: bool, s3: &S3Args) -> anyhow::Result<()> {
@@ -570,13 +662,33 @@ async fn blocking<T: Send + 'static>(
         .context("the backup task failed")?
 }
 
-async fn verify(
-    from: &str,
+/// How `cairn backup verify` runs.
+struct VerifyRun {
+    newest: bool,
+    record: bool,
     as_json: bool,
     scratch: Option<PathBuf>,
-    s3: &S3Args,
-) -> anyhow::Result<()> {
-    let location = Location::parse(from, s3).context("--from")?;
+}
+
+/// The newest complete backup below `root`, by the time it was taken.
+async fn newest_backup(root: &Location) -> anyhow::Result<(Location, Manifest)> {
+    root.backups()
+        .await?
+        .into_iter()
+        .filter_map(|(name, manifest)| manifest.ok().map(|m| (name, m)))
+        .max_by_key(|(name, m)| (m.created_unix_seconds, name.clone()))
+        .map(|(name, m)| (root.join(&name), m))
+        .with_context(|| format!("{} holds no complete backup", root.display()))
+}
+
+async fn verify(from: &str, run: VerifyRun, s3: &S3Args) -> anyhow::Result<serde_json::Value> {
+    let given = Location::parse(from, s3).context("--from")?;
+    let location = if run.newest {
+        newest_backup(&given).await?.0
+    } else {
+        given
+    };
+    let (as_json, scratch) = (run.as_json, run.scratch);
     let scratch = scratch.unwrap_or_else(std::env::temp_dir);
     let local = location
         .local_copy(&scratch, &mut download_progress())
@@ -588,9 +700,27 @@ async fn verify(
         .with_context(|| format!("backup {} failed verification", location.display()))?;
     drop(local);
     let name = location.name();
+    let mut out = summary_json(&name, &manifest);
+    out["path"] = json!(location.display());
+    out["verified"] = json!(true);
+    if run.record {
+        let verified_at = now_unix();
+        let record = json!({
+            "verified_unix_seconds": verified_at,
+            "cairn_version": env!("CARGO_PKG_VERSION"),
+        });
+        location
+            .put_whole(store_backup::VERIFIED_FILE, record.to_string().into_bytes())
+            .await
+            .with_context(|| {
+                format!(
+                    "backup {} verified, but recording it failed",
+                    location.display()
+                )
+            })?;
+        out["verified_unix_seconds"] = json!(verified_at);
+    }
     if as_json {
-        let mut out = summary_json(&name, &manifest);
-        out["verified"] = json!(true);
         println!("{out}");
     } else {
         print_summary(
@@ -600,8 +730,130 @@ async fn verify(
             ),
             &manifest,
         );
+        if run.record {
+            println!(
+                "recorded:     {}/{}",
+                location.display(),
+                store_backup::VERIFIED_FILE
+            );
+        }
     }
-    Ok(())
+    Ok(out)
+}
+
+/// A complete backup as retention sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Retained {
+    name: String,
+    created_unix_seconds: i64,
+    verified: bool,
+}
+
+/// Retention's rule, in one place: the backups that may go. Kept are the newest
+/// `keep_last`, those younger than `keep_within` seconds, the newest verified backup and
+/// every backup after it; with no verified backup, all.
+fn prunable(
+    mut backups: Vec<Retained>,
+    keep_last: u64,
+    keep_within: Option<u64>,
+    now: i64,
+) -> Vec<Retained> {
+    backups
+        .sort_by(|a, b| (a.created_unix_seconds, &a.name).cmp(&(b.created_unix_seconds, &b.name)));
+    let Some(newest_verified) = backups.iter().rposition(|b| b.verified) else {
+        return Vec::new();
+    };
+    let by_count = backups
+        .len()
+        .saturating_sub(usize::try_from(keep_last).unwrap_or(usize::MAX));
+    let young = |b: &Retained| {
+        keep_within.is_some_and(|age| {
+            now.saturating_sub(b.created_unix_seconds) < i64::try_from(age).unwrap_or(i64::MAX)
+        })
+    };
+    backups
+        .into_iter()
+        .enumerate()
+        .filter(|(i, b)| *i < newest_verified && *i < by_count && !young(b))
+        .map(|(_, b)| b)
+        .collect()
+}
+
+/// How `cairn backup prune` runs.
+struct PruneRun {
+    keep_last: u64,
+    keep_within: Option<u64>,
+    dry_run: bool,
+    as_json: bool,
+}
+
+async fn prune(from: &str, run: PruneRun, s3: &S3Args) -> anyhow::Result<serde_json::Value> {
+    let root = Location::parse(from, s3).context("--from")?;
+    let mut complete = Vec::new();
+    for (name, manifest) in root.backups().await? {
+        let Ok(manifest) = manifest else { continue };
+        let verified = root
+            .join(&name)
+            .get_whole(store_backup::VERIFIED_FILE)
+            .await
+            .with_context(|| format!("failed to read whether {name} was verified"))?
+            .is_some();
+        complete.push(Retained {
+            name,
+            created_unix_seconds: manifest.created_unix_seconds,
+            verified,
+        });
+    }
+    let newest_verified = complete
+        .iter()
+        .filter(|b| b.verified)
+        .max_by_key(|b| (b.created_unix_seconds, b.name.clone()))
+        .map(|b| b.name.clone());
+    let going = prunable(complete.clone(), run.keep_last, run.keep_within, now_unix());
+    let mut deleted = Vec::new();
+    for backup in &going {
+        let location = root.join(&backup.name);
+        if !run.dry_run {
+            location
+                .delete()
+                .await
+                .with_context(|| format!("failed to prune {}", location.display()))?;
+        }
+        if !run.as_json {
+            let verb = if run.dry_run {
+                "would delete"
+            } else {
+                "deleted"
+            };
+            println!("{verb} {}", location.display());
+        }
+        deleted.push(backup.name.clone());
+    }
+    let out = json!({
+        "location": root.display(),
+        "deleted": deleted,
+        "kept": complete.len() - going.len(),
+        "newest_verified": newest_verified,
+        "dry_run": run.dry_run,
+    });
+    if run.as_json {
+        println!("{out}");
+    } else if newest_verified.is_none() {
+        println!(
+            "no verified backup in {}: nothing is pruned until one is (`cairn backup verify --newest --record --from {}`)",
+            root.display(),
+            root.display()
+        );
+    } else {
+        println!(
+            "{} backups kept in {}, {} {}",
+            complete.len() - going.len(),
+            root.display(),
+            going.len(),
+            if run.dry_run { "would go" } else { "pruned" }
+        );
+    }
+    Ok(out)
 }
 
 async fn delete(from: &str, as_json: bool, s3: &S3Args) -> anyhow::Result<()> {
@@ -681,6 +933,76 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cairn serve --restore-from`: before the node's first start, restore the backup into
+/// its data directory, as `cairn restore` would. Into a sibling directory first, moved
+/// into place whole: a start cut off mid-restore (a pod killed by its liveness probe)
+/// leaves an empty data directory, so the next start restores again rather than serving
+/// half a backup or nothing.
+pub async fn restore_on_first_start(config: &crate::config::ServeConfig) -> anyhow::Result<()> {
+    let Some(start_from) = &config.restore else {
+        return Ok(());
+    };
+    let data_dir = &config.data_dir;
+    if let Some(crate::config::Membership::Join(_)) = config.cluster.as_ref().map(|c| &c.membership)
+    {
+        tracing::info!(
+            "--restore-from is not for this node: it joins a group, whose state it copies"
+        );
+        return Ok(());
+    }
+    if !store_backup::is_empty_dir(data_dir)? {
+        tracing::info!(
+            data_dir = %data_dir.display(),
+            "--restore-from ignored: the data directory already holds a node's data"
+        );
+        return Ok(());
+    }
+    let file_name = data_dir
+        .file_name()
+        .with_context(|| format!("--data-dir {} has no name", data_dir.display()))?;
+    let staging = data_dir.with_file_name(format!("{}.restoring", file_name.to_string_lossy()));
+    match fs::remove_dir_all(&staging) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| {
+                format!(
+                    "failed to remove the earlier partial restore {}",
+                    staging.display()
+                )
+            });
+        }
+        _ => {}
+    }
+    tracing::info!(from = %start_from.from, "restoring a backup before the first start");
+    restore(RestoreArgs {
+        from: start_from.from.clone(),
+        data_dir: staging.clone(),
+        to_position: start_from.to_position.clone(),
+        boundary: start_from.boundary.clone(),
+        archive_from: start_from.archive_from.clone(),
+        json: false,
+        s3: start_from.s3.clone(),
+    })
+    .await
+    .context("failed to restore --restore-from before the first start")?;
+    if data_dir.exists() {
+        fs::remove_dir(data_dir)
+            .with_context(|| format!("failed to replace {}", data_dir.display()))?;
+    }
+    fs::rename(&staging, data_dir).with_context(|| {
+        format!(
+            "failed to move the restored {} to {}",
+            staging.display(),
+            data_dir.display()
+        )
+    })?;
+    if let Some(parent) = data_dir.parent() {
+        cairn_store::sync_dir(parent)
+            .with_context(|| format!("failed to sync {}", parent.display()))?;
+    }
+    tracing::info!(data_dir = %data_dir.display(), "restored; starting as a new cluster");
+    Ok(())
+}
+
 fn replayed_json(replayed: &Replayed) -> serde_json::Value {
     json!({
         "entries": replayed.entries,
@@ -692,7 +1014,7 @@ fn replayed_json(replayed: &Replayed) -> serde_json::Value {
 /// The backup to restore: `given` itself if it is one; otherwise, to replay the archive
 /// to a point, the newest complete backup below it that holds nothing after the point.
 async fn base_backup(given: Location, point: &RestorePoint) -> anyhow::Result<Location> {
-    if *point == RestorePoint::Backup || given.get_whole(MANIFEST_FILE).await?.is_some() {
+    if given.get_whole(MANIFEST_FILE).await?.is_some() {
         return Ok(given);
     }
     let backups = given.backups().await?;
@@ -703,15 +1025,21 @@ async fn base_backup(given: Location, point: &RestorePoint) -> anyhow::Result<Lo
         .max_by_key(|(_, manifest)| (manifest.applied.index, manifest.created_unix_seconds));
     match chosen {
         Some((name, _)) => {
-            eprintln!(
-                "base backup:  {} (the newest before the position)",
-                given.join(&name).display()
-            );
+            let which = match point {
+                RestorePoint::Position(_) => "the newest before the position",
+                _ => "the newest",
+            };
+            eprintln!("base backup:  {} ({which})", given.join(&name).display());
             Ok(given.join(&name))
         }
         None => bail!(
-            "{} holds no complete backup before the position: nothing to replay the archive onto",
-            given.display()
+            "{} is no complete backup and holds none{}",
+            given.display(),
+            match point {
+                RestorePoint::Position(_) =>
+                    " before the position: nothing to replay the archive onto",
+                _ => "",
+            }
         ),
     }
 }
@@ -881,22 +1209,53 @@ async fn restore_into(
 
 /// Runs a `cairn backup` subcommand and prints its result.
 pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
-    match args.action {
+    let (result, outcome) = match args.action {
         BackupAction::Create {
             client,
             to,
             name,
             s3,
-        } => create(*client, to, name, s3).await,
-        BackupAction::List { from, json, s3 } => list(&from, json, &s3).await,
+            result,
+        } => (result, create(*client, to, name, s3).await),
         BackupAction::Verify {
             from,
+            newest,
+            record,
+            result,
             json,
             scratch_dir,
             s3,
-        } => verify(&from, json, scratch_dir, &s3).await,
-        BackupAction::Delete { from, json, s3 } => delete(&from, json, &s3).await,
-    }
+        } => {
+            let run = VerifyRun {
+                newest,
+                record,
+                as_json: json,
+                scratch: scratch_dir,
+            };
+            (result, verify(&from, run, &s3).await)
+        }
+        BackupAction::Prune {
+            from,
+            keep_last,
+            keep_within,
+            dry_run,
+            json,
+            s3,
+            result,
+        } => {
+            let run = PruneRun {
+                keep_last,
+                keep_within,
+                dry_run,
+                as_json: json,
+            };
+            (result, prune(&from, run, &s3).await)
+        }
+        BackupAction::List { from, json, s3 } => return list(&from, json, &s3).await,
+        BackupAction::Delete { from, json, s3 } => return delete(&from, json, &s3).await,
+    };
+    result.write(&outcome);
+    outcome.map(|_| ())
 }
 
 #[cfg(test)]
@@ -905,6 +1264,38 @@ mod tests {
 
     use super::*;
     use crate::cli::{Cli, Command};
+
+    #[test]
+    fn retention_keeps_the_young_the_last_and_all_from_the_newest_verified_on() {
+        let backup = |name: &str, created: i64, verified: bool| Retained {
+            name: name.into(),
+            created_unix_seconds: created,
+            verified,
+        };
+        let all = vec![
+            backup("d", 400, false),
+            backup("a", 100, true),
+            backup("c", 300, true),
+            backup("b", 200, false),
+            backup("e", 500, false),
+        ];
+        let names = |kept: Vec<Retained>| kept.into_iter().map(|b| b.name).collect::<Vec<_>>();
+        // Behind the newest verified (c): a and b; keep-last 1 keeps only e otherwise.
+        assert_eq!(names(prunable(all.clone(), 1, None, 1000)), ["a", "b"]);
+        // keep-last 4 keeps b too.
+        assert_eq!(names(prunable(all.clone(), 4, None, 1000)), ["a"]);
+        // Younger than 850 s at t=1000: b (800 s old) stays, a (900 s) goes.
+        assert_eq!(names(prunable(all.clone(), 1, Some(850), 1000)), ["a"]);
+        // Nothing verified: nothing goes.
+        let unverified = all
+            .into_iter()
+            .map(|b| Retained {
+                verified: false,
+                ..b
+            })
+            .collect();
+        assert!(prunable(unverified, 1, None, 1000).is_empty());
+    }
 
     #[test]
     fn names_sort_by_time_in_utc() {

@@ -680,7 +680,7 @@ impl FileWriter {
 
 /// Whether a top-level entry of a backup's directory or prefix is one a backup holds.
 fn is_backup_entry(name: &str) -> bool {
-    name == MANIFEST_FILE || name == store_backup::DB_DIR
+    name == MANIFEST_FILE || name == store_backup::DB_DIR || name == store_backup::VERIFIED_FILE
 }
 
 /// `dir` and every directory below it.

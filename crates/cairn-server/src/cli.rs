@@ -80,6 +80,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => {
             init_tracing(args.log_format, &args.log)?;
             let config = args.validate()?;
+            crate::backup_cli::restore_on_first_start(&config).await?;
             let server = crate::start(config).await.context("failed to start")?;
             let fatal = server.fatal();
             tokio::select! {

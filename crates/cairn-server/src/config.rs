@@ -431,6 +431,30 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(1000..))]
     pub archive_max_held_entries: u64,
 
+    /// On the first start only (an empty data directory), restore this backup first and
+    /// serve it as a new cluster: DEST/NAME, or DEST for its newest complete backup (as
+    /// `cairn restore --from`). For a group's first member: a node that joins ignores it
+    /// (it copies the state from the group), a non-empty data directory too.
+    #[arg(long, env = "CAIRN_RESTORE_FROM")]
+    pub restore_from: Option<String>,
+
+    /// With --restore-from: replay the archive up to this position (`COMMIT:PREPARE` or
+    /// `end`), as `cairn restore --to-position`.
+    #[arg(long, env = "CAIRN_RESTORE_TO_POSITION", requires_all = ["restore_from", "restore_archive_from"])]
+    pub restore_to_position: Option<String>,
+
+    /// The boundary whose position --restore-to-position is.
+    #[arg(long, env = "CAIRN_RESTORE_BOUNDARY", requires = "restore_to_position")]
+    pub restore_boundary: Option<String>,
+
+    /// The archive to replay for --restore-to-position (the source cluster's --archive-to).
+    #[arg(
+        long,
+        env = "CAIRN_RESTORE_ARCHIVE_FROM",
+        requires = "restore_to_position"
+    )]
+    pub restore_archive_from: Option<String>,
+
     #[command(flatten)]
     pub s3: crate::backup_target::S3Args,
 
@@ -457,9 +481,26 @@ pub struct ArchiveConfig {
     pub max_held_entries: u64,
 }
 
+/// A restore on the first start (`--restore-from`).
+#[derive(Debug, Clone)]
+pub struct StartFromBackup {
+    /// The backup, or the location whose newest backup is restored.
+    pub from: String,
+    /// Where to replay the archive to.
+    pub to_position: Option<String>,
+    /// The boundary of `to_position`.
+    pub boundary: Option<String>,
+    /// The archive replayed.
+    pub archive_from: Option<String>,
+    /// How to reach a bucket.
+    pub s3: crate::backup_target::S3Args,
+}
+
 /// Validated serve configuration.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// A backup to restore on the first start, if any.
+    pub restore: Option<StartFromBackup>,
     /// Continuous archiving, if on.
     pub archive: Option<ArchiveConfig>,
     /// Data directory.
@@ -846,7 +887,27 @@ impl ServeArgs {
             }),
             None => None,
         };
+        let restore = match self.restore_from {
+            Some(from) => {
+                if let Some(Membership::Initial(members)) = cluster.as_ref().map(|c| &c.membership)
+                    && members.len() > 1
+                {
+                    return Err(ConfigError(
+                        "--restore-from starts a new group of one from a backup: --initial-members must name only this node (the others join it and copy its state)".into(),
+                    ));
+                }
+                Some(StartFromBackup {
+                    from,
+                    to_position: self.restore_to_position,
+                    boundary: self.restore_boundary,
+                    archive_from: self.restore_archive_from,
+                    s3: self.s3.clone(),
+                })
+            }
+            None => None,
+        };
         Ok(ServeConfig {
+            restore,
             archive,
             data_dir: self.data_dir,
             listen: self.listen,
@@ -1073,6 +1134,7 @@ impl ServeConfig {
     /// A configuration for tests and embedding: loopback, ephemeral ports.
     pub fn for_test(data_dir: PathBuf) -> ServeConfig {
         ServeConfig {
+            restore: None,
             archive: None,
             data_dir,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -1134,6 +1196,48 @@ mod tests {
                 Err("not serve".to_string())
             }
         }
+    }
+
+    #[test]
+    fn a_restore_on_start_is_for_a_group_of_one() {
+        let with = |extra: &[&str]| {
+            let mut args = vec![
+                "--restore-from",
+                "/backups",
+                "--cluster-secret",
+                SECRET,
+                "--allow-plaintext-peers",
+            ];
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        let three = with(&[
+            "--node-id",
+            "1",
+            "--initial-members",
+            "1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003",
+        ])
+        .expect_err("three initial members");
+        assert!(three.contains("only this node"), "{three}");
+        // A StatefulSet's later pods share the flags and join: they ignore it.
+        let joiner = with(&[
+            "--node-id",
+            "2",
+            "--initial-members",
+            "1=127.0.0.1:7001",
+            "--advertise-addr",
+            "127.0.0.1:7002",
+        ])
+        .expect("a joiner accepts the flag");
+        assert!(matches!(
+            joiner.cluster.as_ref().map(|c| &c.membership),
+            Some(Membership::Join(_))
+        ));
+        let first = with(&["--node-id", "1", "--initial-members", "1=127.0.0.1:7001"])
+            .expect("the group's first member");
+        assert_eq!(first.restore.map(|r| r.from).as_deref(), Some("/backups"));
+        let positioned = parse(&["--restore-to-position", "5:4"]).expect_err("needs the rest");
+        assert!(positioned.contains("--restore-from"), "{positioned}");
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub const BACKUP_FORMAT: u32 = 1;
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// The checkpoint's directory in a backup.
 pub const DB_DIR: &str = "db";
+/// Written beside the manifest by `cairn backup verify --record`: when the backup last
+/// passed verification. Not part of what a backup holds (the manifest does not name it);
+/// retention reads it, as only a verified backup lets older ones go.
+pub const VERIFIED_FILE: &str = "verified.json";
 /// Bytes read at a time while hashing or copying a file.
 const CHUNK_BYTES: usize = 1024 * 1024;
 
@@ -384,7 +388,11 @@ pub fn verify(dir: &Path) -> Result<Manifest, BackupError> {
         }
     }
     for path in list_files(dir)? {
-        if path != MANIFEST_FILE && !is_info_log(&path) && !named.contains_key(path.as_str()) {
+        if path != MANIFEST_FILE
+            && path != VERIFIED_FILE
+            && !is_info_log(&path)
+            && !named.contains_key(path.as_str())
+        {
             return Err(BackupError::FileMismatch {
                 path,
                 detail: "not named in the manifest".into(),

@@ -19,5 +19,6 @@ mod matching;
 mod observability;
 mod positions;
 mod reads;
+mod retention;
 mod subscriptions;
 mod tls;

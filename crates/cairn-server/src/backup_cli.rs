@@ -670,21 +670,30 @@ struct VerifyRun {
     scratch: Option<PathBuf>,
 }
 
-/// The newest complete backup below `root`, by the time it was taken.
-async fn newest_backup(root: &Location) -> anyhow::Result<(Location, Manifest)> {
-    root.backups()
+/// The name of the newest complete backup below `root` that `admits`, by the log index it
+/// holds (then the time it was taken): what `verify --newest` checks and what a restore
+/// from a location starts from.
+async fn newest_backup(
+    root: &Location,
+    admits: impl Fn(&Manifest) -> bool,
+) -> anyhow::Result<Option<String>> {
+    Ok(root
+        .backups()
         .await?
         .into_iter()
         .filter_map(|(name, manifest)| manifest.ok().map(|m| (name, m)))
-        .max_by_key(|(name, m)| (m.created_unix_seconds, name.clone()))
-        .map(|(name, m)| (root.join(&name), m))
-        .with_context(|| format!("{} holds no complete backup", root.display()))
+        .filter(|(_, manifest)| admits(manifest))
+        .max_by_key(|(_, m)| (m.applied.index, m.created_unix_seconds))
+        .map(|(name, _)| name))
 }
 
 async fn verify(from: &str, run: VerifyRun, s3: &S3Args) -> anyhow::Result<serde_json::Value> {
     let given = Location::parse(from, s3).context("--from")?;
     let location = if run.newest {
-        newest_backup(&given).await?.0
+        let name = newest_backup(&given, |_| true)
+            .await?
+            .with_context(|| format!("{} holds no complete backup", given.display()))?;
+        given.join(&name)
     } else {
         given
     };
@@ -1017,14 +1026,8 @@ async fn base_backup(given: Location, point: &RestorePoint) -> anyhow::Result<Lo
     if given.get_whole(MANIFEST_FILE).await?.is_some() {
         return Ok(given);
     }
-    let backups = given.backups().await?;
-    let chosen = backups
-        .into_iter()
-        .filter_map(|(name, manifest)| manifest.ok().map(|m| (name, m)))
-        .filter(|(_, manifest)| point.admits(manifest))
-        .max_by_key(|(_, manifest)| (manifest.applied.index, manifest.created_unix_seconds));
-    match chosen {
-        Some((name, _)) => {
+    match newest_backup(&given, |manifest| point.admits(manifest)).await? {
+        Some(name) => {
             let which = match point {
                 RestorePoint::Position(_) => "the newest before the position",
                 _ => "the newest",

@@ -31,6 +31,17 @@ async fn backup_with_result(server: &TestServer, to: &Path, name: &str, result: 
     .expect("backup");
 }
 
+async fn write_one(client: &mut Client, n: usize) {
+    client
+        .save(
+            "orders",
+            vec![event("Booked", &format!(r#"{{"n":{n}}}"#))],
+            vec![],
+        )
+        .await
+        .expect("write");
+}
+
 fn outcome(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("result file")).expect("json")
 }
@@ -53,14 +64,7 @@ async fn prune_lets_old_backups_go_only_behind_a_verified_one() {
     let results = tempfile::tempdir().expect("dir");
     let result = results.path().join("outcome.json");
     for (i, name) in ["b1", "b2", "b3", "b4"].iter().enumerate() {
-        client
-            .save(
-                "orders",
-                vec![event("Booked", &format!(r#"{{"n":{i}}}"#))],
-                vec![],
-            )
-            .await
-            .expect("write");
+        write_one(&mut client, i).await;
         backup_with_result(&server, backups.path(), name, &result).await;
         let got = outcome(&result);
         assert_eq!(got["name"], *name);
@@ -150,14 +154,7 @@ async fn serve_restores_a_backup_on_its_first_start_only() {
     source.create_boundary("orders").await;
     let mut client = source.client();
     for i in 0..7 {
-        client
-            .save(
-                "orders",
-                vec![event("Booked", &format!(r#"{{"n":{i}}}"#))],
-                vec![],
-            )
-            .await
-            .expect("write");
+        write_one(&mut client, i).await;
     }
     let backups = tempfile::tempdir().expect("dir");
     let results = tempfile::tempdir().expect("dir");
